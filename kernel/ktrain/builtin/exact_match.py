@@ -1,0 +1,52 @@
+"""``exact_match_eval``: held-out chat rows answered greedily before and after training, scored exactly.
+
+The answer must equal the last assistant message of the row after stripping whitespace. Activated by
+the kernel's entry module when the key is set; every rank generates (sharded forwards are collective),
+rank 0 logs ``exact_match`` to metrics.jsonl and prints the score.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ktrain import hookimpl
+
+
+def load_questions(path: str, limit: int) -> list[tuple[str, str]]:
+    """(user message, expected answer) pairs from a chat jsonl file."""
+    pairs = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            messages = json.loads(line)["messages"]
+            user = next(m["content"] for m in messages if m["role"] == "user")
+            answer = [m["content"] for m in messages if m["role"] == "assistant"][-1]
+            pairs.append((user, answer.strip()))
+    return pairs[:limit]
+
+
+class ExactMatch:
+    """Scores the model at train start and train end."""
+
+    def __init__(self, config: Any):
+        self.questions = load_questions(config.exact_match_eval, config.exact_match_samples)
+
+    def score(self, run: Any, engine: Any, when: str) -> float:
+        from ktrain.generate import greedy_answers
+
+        answers = greedy_answers(engine.model, run.tokenizer, [q for q, _ in self.questions], max_new_tokens=16)
+        right = sum(a == expected for a, (_, expected) in zip(answers, self.questions, strict=True))
+        accuracy = right / max(len(self.questions), 1)
+        if run.is_main:
+            print(f"exact-match accuracy {when} training: {accuracy:.1%} ({right}/{len(self.questions)})", flush=True)
+            run.log.write(run.step, {"exact_match": accuracy})
+        return accuracy
+
+    @hookimpl
+    def ktrain_on_train_start(self, run: Any, engine: Any) -> None:
+        self.score(run, engine, "before")
+
+    @hookimpl
+    def ktrain_on_train_end(self, run: Any, engine: Any, metrics: dict[str, float]) -> None:
+        metrics["exact_match"] = self.score(run, engine, "after")

@@ -1,0 +1,90 @@
+"""Default owner of ``model_loader`` and ``export``: Hugging Face transformers models and tokenizers.
+
+A local folder or a hub id; with ``random_init_weights`` the model is built from its config with
+random weights (tests, benchmarks). Weights load in fp32 (the master copy); autocast computes in
+bf16/fp16. ``flash_attention_2`` falls back to PyTorch SDPA, with a warning, where flash-attn is not
+installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from ktrain import hookimpl
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def attention_implementation(config: Any) -> str:
+    """The attention implementation the config asks for, after the fallbacks this machine needs."""
+    wanted = config.attn_implementation or (
+        "flash_attention_2" if config.flash_attention
+        else "flex_attention" if config.flex_attention
+        else "sdpa"
+    )
+    if wanted == "flash_attention_2" and (
+        importlib.util.find_spec("flash_attn") is None or not torch.cuda.is_available()
+    ):
+        warnings.warn(
+            "flash_attention: flash-attn is not installed (or there is no GPU); using PyTorch SDPA attention instead",
+            stacklevel=1,
+        )
+        return "sdpa"
+    return wanted
+
+
+class HFModel:
+    """Loads the tokenizer and model of ``base_model`` and exports the trained model as safetensors."""
+
+    def __init__(self, config: Any):
+        self.config = config
+
+    @hookimpl(trylast=True)
+    def ktrain_load_tokenizer(self, run: Any) -> Any:
+        cfg = self.config
+        source = cfg.tokenizer_config or cfg.base_model
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer
+
+    @hookimpl(trylast=True)
+    def ktrain_load_model(self, run: Any, model_kwargs: dict[str, Any]) -> Any:
+        cfg = self.config
+        auto = getattr(transformers, cfg.model_type or "AutoModelForCausalLM")
+        kwargs = {"attn_implementation": attention_implementation(cfg), "dtype": torch.float32, **model_kwargs}
+        if cfg.random_init_weights:
+            model_config = transformers.AutoConfig.from_pretrained(
+                cfg.base_model_config or cfg.base_model, trust_remote_code=cfg.trust_remote_code
+            )
+            kwargs.pop("quantization_config", None)
+            model = auto.from_config(model_config, trust_remote_code=cfg.trust_remote_code, **kwargs)
+        else:
+            local = Path(cfg.base_model)
+            if local.is_dir() and not any((local / name).exists() for name in WEIGHT_FILES):
+                raise FileNotFoundError(
+                    f"base_model: {local} has no weights ({', '.join(WEIGHT_FILES[::2])}); "
+                    f"set random_init_weights: true to train from random weights"
+                )
+            model = auto.from_pretrained(cfg.base_model, trust_remote_code=cfg.trust_remote_code, **kwargs)
+        model.config.use_cache = False
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False}
+            )
+        return model
+
+    @hookimpl(trylast=True)
+    def ktrain_export_model(self, engine: Any, run: Any, path: Path) -> bool:
+        state = engine.full_state_dict()
+        if run.is_main:
+            model = engine.model
+            model.save_pretrained(path, state_dict=state, safe_serialization=True)
+            run.tokenizer.save_pretrained(path)
+        return True

@@ -1,0 +1,113 @@
+"""The kernel's entry module: its config keys, the names it registers, and its cross-key checks.
+
+Like every entry module it imports nothing heavy; the factories it registers are ``lazy`` references.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ktrain import hookimpl
+from ktrain.config.keys import KERNEL_SECTIONS
+from ktrain.registry import lazy
+
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw", "sgd", "adafactor")
+SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
+FORMATS = ("chat_template", "sharegpt", "alpaca", "completion")
+
+
+@hookimpl
+def ktrain_register_config(register) -> None:
+    for section in KERNEL_SECTIONS:
+        register(section)
+
+
+@hookimpl
+def ktrain_register_optimizers(register) -> None:
+    for name in OPTIMIZERS:
+        register(name, lazy(f"ktrain.builtin.optimizers:{name}"))
+
+
+@hookimpl
+def ktrain_register_lr_schedulers(register) -> None:
+    for name in SCHEDULERS:
+        register(name, lazy(f"ktrain.builtin.schedulers:{name}"))
+
+
+@hookimpl
+def ktrain_register_dataset_formats(register) -> None:
+    for name in FORMATS:
+        register(name, lazy(f"ktrain.data.formats:{name}"))
+
+
+@hookimpl
+def ktrain_validate_config(config: Any, report: Any) -> None:
+    """The kernel's checks between keys; each message says what to do."""
+    _check_batch(config, report)
+    _check_attention(config, report)
+    _check_run(config, report)
+    if config.bf16 is True and config.fp16:
+        report.error("bf16", "bf16 and fp16 are both true; choose one")
+    if config.gradient_checkpointing_kwargs and not config.gradient_checkpointing:
+        report.warn("gradient_checkpointing_kwargs", "has no effect while gradient_checkpointing is false")
+    if config.sample_packing:
+        report.error("sample_packing", "packing is not in this version of ktrain yet; set it to false")
+
+
+def _check_batch(config: Any, report: Any) -> None:
+    for name in ("micro_batch_size", "gradient_accumulation_steps", "sequence_len", "logging_steps"):
+        if getattr(config, name) < 1:
+            report.error(name, f"must be at least 1, not {getattr(config, name)}")
+    for name in ("max_steps", "eval_steps", "save_steps", "saves_per_epoch", "evals_per_epoch", "save_total_limit"):
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            report.error(name, f"must be at least 1 (or left out), not {value}")
+    if config.num_epochs <= 0 and config.max_steps is None:
+        report.error("num_epochs", f"must be positive, not {config.num_epochs}")
+    if config.learning_rate < 0:
+        report.error("learning_rate", f"must not be negative, not {config.learning_rate}")
+    if config.warmup_steps is not None and config.warmup_ratio is not None:
+        report.error("warmup_ratio", "set warmup_steps or warmup_ratio, not both")
+    if config.warmup_ratio is not None and not 0 <= config.warmup_ratio < 1:
+        report.error("warmup_ratio", f"must be in [0, 1), not {config.warmup_ratio}")
+    if config.val_set_size < 0:
+        report.error("val_set_size", f"must not be negative, not {config.val_set_size}")
+    if (config.eval_steps or config.evals_per_epoch) and config.val_set_size == 0:
+        report.warn("eval_steps", "evaluation needs a held-out split: set val_set_size; nothing is evaluated")
+    if not config.datasets and config.max_steps is None:
+        report.error("datasets", "no training data: add a `datasets:` list (path and type of each)")
+    for i, entry in enumerate(config.datasets):
+        if not entry.path:
+            report.error(f"datasets[{i}].path", "required: the file or folder to read")
+
+
+def _check_attention(config: Any, report: Any) -> None:
+    older = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "flex_attention": "flex_attention"}
+    chosen = [(key, impl) for key, impl in older.items() if getattr(config, key)]
+    if len(chosen) > 1:
+        report.error(", ".join(k for k, _ in chosen), "choose one attention implementation")
+    if chosen and config.attn_implementation and config.attn_implementation != chosen[0][1]:
+        report.error(
+            "attn_implementation",
+            f"is {config.attn_implementation} but {chosen[0][0]}: true asks for {chosen[0][1]}; keep one",
+        )
+
+
+def _check_run(config: Any, report: Any) -> None:
+    if config.save_steps and config.saves_per_epoch:
+        report.error("saves_per_epoch", "set save_steps or saves_per_epoch, not both")
+    if config.eval_steps and config.evals_per_epoch:
+        report.error("evals_per_epoch", "set eval_steps or evals_per_epoch, not both")
+    if config.save_strategy == "no" and (config.save_steps or config.saves_per_epoch):
+        report.warn("save_strategy", "is 'no', so save_steps/saves_per_epoch have no effect")
+    if config.resume_from_checkpoint and config.auto_resume_from_checkpoints:
+        report.warn("auto_resume_from_checkpoints", "resume_from_checkpoint names the checkpoint; this is unused")
+
+
+@hookimpl
+def ktrain_activate(config: Any, activate) -> None:
+    """The exact-match evaluation takes part when ``exact_match_eval`` names a file."""
+    if config.exact_match_eval:
+        from ktrain.builtin.exact_match import ExactMatch
+
+        activate(ExactMatch(config), keys=("exact_match_eval",))

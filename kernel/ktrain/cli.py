@@ -1,0 +1,172 @@
+"""The ``ktrain`` command line.
+
+Exit codes: 0 success; 1 training failed (a rank raised or died); 2 bad input (config, plugins,
+output_dir), reported before any rank starts; 130 interrupted. ``--help``, ``check``, ``keys``,
+``plugins`` and ``hooks`` import no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ktrain import __version__
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="YAML run config")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a key (nested: fsdp_config.offload_params=true; list items: datasets.0.path=x)",
+    )
+
+
+def _configure_run(p: argparse.ArgumentParser) -> None:
+    _add_config_args(p)
+    p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="start afresh in an output_dir of an earlier run")
+    launch = p.add_argument_group("launch (passed to torch.distributed.run)")
+    launch.add_argument("--nproc-per-node", type=int, help="ranks on this machine (default: what the mesh asks)")
+    launch.add_argument("--nnodes", type=int, default=1, help="machines in the run")
+    launch.add_argument("--node-rank", type=int, default=0, help="this machine's index")
+    launch.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous (several machines)")
+    launch.add_argument("--rdzv-backend", default="c10d", help="rendezvous backend")
+    launch.add_argument("--rdzv-id", default="ktrain", help="id shared by the machines of one run")
+
+
+def _configure_check(p: argparse.ArgumentParser) -> None:
+    _add_config_args(p)
+    p.add_argument("--world-size", type=int, default=None, help="resolve the mesh for this many ranks")
+
+
+def _configure_generate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="output_dir of a finished run (or a model folder)")
+    p.add_argument("prompt", help="the user message")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+
+
+def _configure_none(p: argparse.ArgumentParser) -> None:
+    del p
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ktrain.launcher import launch
+
+    return launch(args)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from ktrain.report_text import describe_plan
+    from ktrain.resolve import prepare
+
+    plan = prepare(args.config, args.overrides, world_size=args.world_size)
+    print(describe_plan(plan))
+    return EXIT_OK
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from ktrain.report_text import describe_keys
+    from ktrain.resolve import load_plugins_and_config
+
+    _, config = load_plugins_and_config(None, [])
+    print(describe_keys(config))
+    return EXIT_OK
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    from ktrain.plugins import discover
+    from ktrain.report_text import describe_plugins
+
+    print(describe_plugins(discover()))
+    return EXIT_OK
+
+
+def _hooks(args: argparse.Namespace) -> int:
+    from ktrain.report_text import describe_hooks
+
+    print(describe_hooks())
+    return EXIT_OK
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from ktrain.generate import generate_cli
+
+    return generate_cli(args.run_dir, args.prompt, args.max_new_tokens)
+
+
+def _env(args: argparse.Namespace) -> int:
+    from ktrain.environment import describe_environment
+
+    print(describe_environment())
+    return EXIT_OK
+
+
+Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+
+COMMANDS: dict[str, Command] = {
+    "run": ("train with a config (starts the ranks it needs)", _configure_run, _run),
+    "check": ("validate a config and print what it resolves to; no GPU needed", _configure_check, _check),
+    "keys": ("list every config key, its owner and meaning", _configure_none, _keys),
+    "plugins": ("list installed plugins: distribution, version, hooks, roles", _configure_none, _plugins),
+    "hooks": ("list the hooks plugins can implement", _configure_none, _hooks),
+    "generate": ("answer a prompt with a trained model", _configure_generate, _generate),
+    "env": ("print versions, devices and settings for a bug report", _configure_none, _env),
+}
+
+
+def _plugin_commands() -> dict[str, Command]:
+    from ktrain.plugins import discover
+
+    found: dict[str, Command] = {}
+
+    def register(name: str, help: str, configure: Callable, run: Callable, *, plugin: Any) -> None:
+        if name in COMMANDS or name in found:
+            raise SystemExit(f"ktrain: plugin {plugin.describe()} registers the command '{name}', which exists")
+        found[name] = (f"{help} [{plugin.distribution}]", configure, run)
+
+    discover().call_with_callback("ktrain_register_commands", register=register)
+    return found
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
+    """The argument parser with the kernel's commands and every plugin's."""
+    commands = {**COMMANDS, **_plugin_commands()}
+    parser = argparse.ArgumentParser(
+        prog="ktrain", description="Train large language models with a microkernel and plugins."
+    )
+    parser.add_argument("--version", action="version", version=f"ktrain {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help, configure, _) in commands.items():
+        configure(sub.add_parser(name, help=help, description=help))
+    return parser, commands
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ktrain`` console script."""
+    from ktrain.config.report import ConfigError
+    from ktrain.plugins import PluginError
+
+    try:
+        parser, commands = build_parser()
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return EXIT_BAD_INPUT
+        return commands[args.command][2](args)
+    except ConfigError as e:
+        print(f"ktrain: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except PluginError as e:
+        print(f"ktrain: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("ktrain: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

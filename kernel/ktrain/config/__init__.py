@@ -1,0 +1,1 @@
+"""Configuration: flat YAML, one owner per key, attrs sections structured strictly by cattrs."""

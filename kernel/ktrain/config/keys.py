@@ -1,0 +1,160 @@
+"""The kernel's own config keys, grouped by topic. Each field is a top-level YAML key.
+
+Key names are the ones users already write (Axolotl's, from the seed article). ``help`` metadata
+feeds ``ktrain check`` and docs/config.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+
+def key(default: Any, help: str, **kw: Any) -> Any:
+    """An attrs field with a default and a help text."""
+    if isinstance(default, (list, dict)):
+        return attrs.field(factory=type(default), metadata={"help": help}, **kw)
+    return attrs.field(default=default, metadata={"help": help}, **kw)
+
+
+@attrs.define(kw_only=True)
+class DatasetEntry:
+    """One item of ``datasets:``."""
+
+    path: str = key("", "local jsonl/json/parquet/csv file or folder (or a hub id where the network allows)")
+    type: str | None = key(None, "row format: chat_template, alpaca, completion, ... (see `ktrain plugins`)")
+    split: str = key("train", "split to read")
+    data_files: str | list[str] | None = key(None, "files inside `path` to read")
+    ds_type: Literal["json", "parquet", "csv", "arrow"] | None = key(None, "file type when not given by suffix")
+    field: str | None = key(None, "field of the row holding the text (completion) or the data")
+    field_messages: str | None = key(None, "field holding the chat turns (default `messages`)")
+    message_property_mappings: dict[str, str] | None = key(None, "names of `role`/`content` in each turn")
+    roles_to_train: list[str] | None = key(None, "roles whose turns carry labels (default assistant)")
+    train_on_eos: Literal["turn", "last", "all", "none"] | None = key(None, "which end-of-turn tokens train")
+    chat_template: str | None = key(None, "chat template for this dataset only")
+
+
+@attrs.define(kw_only=True)
+class ModelKeys:
+    """What to load and how."""
+
+    base_model: str | None = key(None, "local HF model directory or hub id")
+    base_model_config: str | None = key(None, "directory or hub id of the model config, if not base_model's")
+    tokenizer_config: str | None = key(None, "directory or hub id of the tokenizer, if not base_model's")
+    model_type: str | None = key(None, "transformers Auto class to load with (default AutoModelForCausalLM)")
+    trust_remote_code: bool = key(False, "run model code shipped with the checkpoint")
+    random_init_weights: bool = key(False, "build the model from its config with random weights (tests, benchmarks)")
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "flex_attention"] | None = key(
+        None, "attention implementation (default sdpa)"
+    )
+    flash_attention: bool | None = key(None, "older spelling of attn_implementation: flash_attention_2")
+    sdp_attention: bool | None = key(None, "older spelling of attn_implementation: sdpa")
+    flex_attention: bool | None = key(None, "older spelling of attn_implementation: flex_attention")
+    gradient_checkpointing: bool | Literal["offload"] = key(False, "recompute activations in backward")
+    gradient_checkpointing_kwargs: dict[str, Any] | None = key(None, "passed to gradient_checkpointing_enable")
+
+
+@attrs.define(kw_only=True)
+class DataKeys:
+    """Datasets, lengths and masking."""
+
+    datasets: list[DatasetEntry] = key([], "training datasets, mixed")
+    val_set_size: float = key(0.0, "held-out share (< 1) or number of rows (>= 1) for evaluation")
+    sequence_len: int = key(2048, "longest row in tokens; longer rows are truncated and counted")
+    pad_to_sequence_len: bool = key(False, "pad every row to sequence_len")
+    sample_packing: bool = key(False, "pack several samples into one row")
+    eval_sample_packing: bool | None = key(None, "pack the evaluation rows too")
+    train_on_inputs: bool = key(False, "put labels on prompt tokens as well")
+    chat_template: str | None = key(None, "tokenizer_default or a named template for chat datasets")
+    shuffle_merged_datasets: bool = key(True, "shuffle rows of all datasets together, with the seed")
+    dataset_prepared_path: str | None = key(None, "folder for the tokenized-dataset cache")
+    dataset_processes: int | None = key(None, "processes used to tokenize")
+
+
+@attrs.define(kw_only=True)
+class BatchKeys:
+    """Batch size and length of training."""
+
+    micro_batch_size: int = key(1, "rows per rank per forward pass")
+    gradient_accumulation_steps: int = key(1, "micro-batches per optimizer step")
+    eval_batch_size: int | None = key(None, "rows per rank per eval forward (default micro_batch_size)")
+    num_epochs: float = key(1.0, "passes over the training data")
+    max_steps: int | None = key(None, "optimizer steps to run; overrides num_epochs")
+
+
+@attrs.define(kw_only=True)
+class OptimizerKeys:
+    """Optimizer, clipping and schedule."""
+
+    optimizer: str = key("adamw_torch", "optimizer name (see `ktrain plugins`)")
+    learning_rate: float = key(2e-5, "peak learning rate")
+    weight_decay: float = key(0.0, "decoupled weight decay, on matrices only")
+    adam_beta1: float = key(0.9, "Adam beta1")
+    adam_beta2: float = key(0.999, "Adam beta2")
+    adam_epsilon: float = key(1e-8, "Adam epsilon")
+    max_grad_norm: float | None = key(1.0, "clip the global gradient norm to this; null for no clipping")
+    lr_scheduler: str = key("cosine", "schedule name: cosine, linear, constant, constant_with_warmup")
+    warmup_steps: int | None = key(None, "steps of linear warm-up")
+    warmup_ratio: float | None = key(None, "warm-up as a share of all steps")
+    cosine_min_lr_ratio: float | None = key(None, "cosine ends at learning_rate times this (default 0)")
+
+
+@attrs.define(kw_only=True)
+class PrecisionKeys:
+    """Numerics. Master weights and optimizer states stay fp32; bf16/fp16 choose the compute dtype."""
+
+    bf16: bool | Literal["auto"] = key(False, "compute in bf16 (autocast); auto: where the device supports it")
+    fp16: bool = key(False, "compute in fp16 with loss scaling")
+    tf32: bool = key(False, "allow TF32 matmuls on Ampere and newer")
+
+
+@attrs.define(kw_only=True)
+class RunKeys:
+    """Run directory, logging, evaluation, checkpoints, seed."""
+
+    output_dir: str = key("./outputs/ktrain", "run directory: config, metrics.jsonl, checkpoints, final model")
+    logging_steps: int = key(1, "log every this many optimizer steps")
+    eval_steps: int | None = key(None, "evaluate every this many steps")
+    evals_per_epoch: int | None = key(None, "evaluate this many times per epoch")
+    save_steps: int | None = key(None, "save a checkpoint every this many steps")
+    saves_per_epoch: int | None = key(None, "save this many checkpoints per epoch")
+    save_total_limit: int | None = key(None, "keep at most this many checkpoints (the newest)")
+    save_strategy: Literal["steps", "epoch", "no"] | None = key(None, "when to save; default from save_steps")
+    resume_from_checkpoint: str | None = key(None, "checkpoint folder to resume from")
+    auto_resume_from_checkpoints: bool = key(False, "resume from the latest checkpoint in output_dir")
+    seed: int = key(42, "seed of weights, shuffling and dropout")
+    exact_match_eval: str | None = key(
+        None, "chat jsonl whose assistant answers are checked by greedy generation before and after training"
+    )
+    exact_match_samples: int = key(200, "rows of exact_match_eval to score")
+
+
+@attrs.define(kw_only=True)
+class MeshKeys:
+    """Sizes of the device mesh; their product is the number of ranks. -1 means the rest."""
+
+    dp_shard_size: int = key(1, "ranks a model is sharded over (needs a sharding plugin)")
+    dp_replicate_size: int = key(1, "replicas (data parallel); -1: the ranks left over")
+    tensor_parallel_size: int = key(1, "tensor-parallel ranks (needs a tensor-parallel plugin)")
+    context_parallel_size: int = key(1, "context-parallel ranks (needs a context-parallel plugin)")
+
+
+KERNEL_SECTIONS = (ModelKeys, DataKeys, BatchKeys, OptimizerKeys, PrecisionKeys, RunKeys, MeshKeys)
+
+# Keys of first-party plugins, so that a key of a plugin that is not installed names what to install.
+PLUGIN_KEYS: dict[str, tuple[str, ...]] = {
+    "ktrain-plugin-fsdp": ("fsdp_version", "fsdp_config", "fsdp"),
+    "ktrain-plugin-deepspeed": ("deepspeed",),
+    "ktrain-plugin-lora": (
+        "adapter", "qlora", "load_in_4bit", "load_in_8bit", "lora_r", "lora_alpha", "lora_dropout",
+        "lora_target_modules", "lora_target_linear", "lora_modules_to_save", "lora_model_dir",
+        "peft_use_dora", "peft_use_rslora", "bnb_config_kwargs",
+    ),
+    "ktrain-plugin-liger": (
+        "liger_rope", "liger_rms_norm", "liger_layer_norm", "liger_glu_activation", "liger_swiglu",
+        "liger_cross_entropy", "liger_fused_linear_cross_entropy",
+    ),
+    "ktrain-plugin-parallel": ("sequence_parallel_degree", "heads_k_stride", "ring_attn_func"),
+    "ktrain-plugin-tensorboard": ("use_tensorboard",),
+}

@@ -1,0 +1,1 @@
+"""Reading datasets, turning rows into token ids and labels, and cutting them into batches."""

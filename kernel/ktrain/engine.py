@@ -1,0 +1,72 @@
+"""The object ``ktrain_shard`` returns: how a step's backward, accumulation, clipping and update happen.
+
+The kernel's loop only calls the methods below. An engine that leaves the step to the kernel (FSDP,
+DDP, one process) keeps the defaults; one that owns it (DeepSpeed) overrides them and says so through
+the ``owns_*`` flags, so the kernel never scales a loss or clips a second time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+class Engine:
+    """A sharded (or plain) model with its optimizer and scheduler, as the loop drives it.
+
+    ``module`` is what the loop calls forward on; ``model`` is the unwrapped model (for export and
+    generation). The loop hands ``backward`` a loss already normalised for the whole global batch
+    (summed over micro-batches and ranks, it is the token-mean loss of the step).
+    """
+
+    owns_backward = False
+    owns_accumulation = False
+    owns_clipping = False
+    owns_scheduler = False
+
+    def __init__(self, module: Any, model: Any, optimizer: Any, lr_scheduler: Any, max_grad_norm: float | None):
+        self.module = module
+        self.model = model
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.max_grad_norm = max_grad_norm
+
+    @contextlib.contextmanager
+    def accumulate(self, last: bool) -> Iterator[None]:
+        """Context of one micro-batch; ``last`` is True for the final one of the optimizer step."""
+        yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def clip_grad_norm(self) -> float:
+        """Clip to ``max_grad_norm`` (when set) and return the global gradient norm before clipping."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        limit = self.max_grad_norm if self.max_grad_norm is not None else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(params, limit)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def step(self) -> float:
+        """Finish the optimizer step: clip, update, advance the schedule, zero the gradients.
+
+        Returns the gradient norm before clipping.
+        """
+        norm = self.clip_grad_norm()
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's state on CPU, on rank 0 at least (export calls it on every rank)."""
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def train(self, mode: bool = True) -> None:
+        self.module.train(mode)

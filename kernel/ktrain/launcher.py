@@ -1,0 +1,90 @@
+"""``ktrain run``: check everything, prepare the run directory, then start the ranks the mesh needs.
+
+One rank runs in this process. More start through ``torch.distributed.run`` (the elastic launcher,
+called in process) with ``--max-restarts 0``: when a rank fails, the agent stops the others, and the
+first failure is shown. Several machines pass ``--nnodes``, ``--node-rank`` and ``--rdzv-endpoint``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ktrain.config.report import ConfigError
+from ktrain.resolve import Plan, prepare
+from ktrain.run_dir import prepare_run_dir
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _plan(args: argparse.Namespace) -> Plan:
+    requested = args.nproc_per_node * args.nnodes if args.nproc_per_node else None
+    plan = prepare(args.config, args.overrides, world_size=requested)
+    if requested is None and plan.mesh.world_size == 1:
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus > 1:
+            plan = prepare(args.config, args.overrides, world_size=gpus * args.nnodes)
+    if plan.mesh.world_size % args.nnodes:
+        raise ConfigError.single(
+            "--nnodes", f"the mesh has {plan.mesh.world_size} ranks, which {args.nnodes} machines cannot share evenly"
+        )
+    return plan
+
+
+def launch(args: argparse.Namespace) -> int:
+    """Run the config of ``args``; return the exit code."""
+    plan = _plan(args)
+    for problem in plan.warnings:
+        print(f"ktrain: warning: {problem}", file=sys.stderr)
+    run_dir, lock = prepare_run_dir(plan, args.resume, args.overwrite)
+    print(f"ktrain: {plan.mesh.describe()}; run directory {run_dir}", flush=True)
+    try:
+        if plan.mesh.world_size == 1 and args.nnodes == 1:
+            return _run_here(run_dir, args.resume)
+        return _run_ranks(run_dir, plan.mesh.world_size // args.nnodes, args)
+    finally:
+        lock.close()
+
+
+def _run_here(run_dir: Path, resume: bool) -> int:
+    from ktrain.data.reading import DataError
+    from ktrain.run.trainer import rank_main
+
+    try:
+        rank_main(run_dir, resume)
+    except (DataError, FileNotFoundError) as e:
+        print(f"ktrain: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_OK
+
+
+def _run_ranks(run_dir: Path, nproc: int, args: argparse.Namespace) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import run as elastic_run
+
+    argv = ["--nproc-per-node", str(nproc), "--nnodes", str(args.nnodes), "--max-restarts", "0",
+            "--monitor-interval", "0.2"]
+    if args.rdzv_endpoint:
+        argv += ["--rdzv-backend", args.rdzv_backend, "--rdzv-endpoint", args.rdzv_endpoint,
+                 "--rdzv-id", args.rdzv_id, "--node-rank", str(args.node_rank)]
+    else:
+        argv += ["--standalone"]
+    argv += ["-m", "ktrain.worker", str(run_dir), *(["--resume"] if args.resume else [])]
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    try:
+        elastic_run(get_args_parser().parse_args(argv))
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        message = failure.message
+        if isinstance(message, dict):
+            message = message.get("message", message)
+        print(f"ktrain: rank {rank} failed (exit code {failure.exitcode}); the other ranks were stopped.\n"
+              f"  first error: {str(message).strip().splitlines()[-1] if message else 'no message (killed?)'}",
+              file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK

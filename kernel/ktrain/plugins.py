@@ -1,0 +1,213 @@
+"""Finding plugins, activating them for a run, and giving every exclusive role exactly one owner.
+
+Plugins are entry points of the group ``ktrain``; each names an *entry module* that must import
+nothing heavy. ``discover()`` registers the kernel's own entry module and every installed one;
+``activate()`` lets each decide, from the config, whether it takes part and which roles it claims.
+The kernel's defaults own the roles nobody claimed; their modules import torch, so they are only
+imported when a run starts.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+import pluggy
+
+from ktrain import ENTRY_POINT_GROUP, PROJECT, __version__, hookspecs
+
+KERNEL_ENTRY = "ktrain.builtin.kernel"
+
+# role -> "module:attribute" of the object that owns it when no plugin claims it.
+DEFAULT_OWNERS: dict[str, str] = {
+    "model_loader": "ktrain.builtin.hf_model:HFModel",
+    "export": "ktrain.builtin.hf_model:HFModel",
+    "sharding": "ktrain.builtin.data_parallel:DataParallel",
+    "optimizer": "ktrain.builtin.optimizers:DefaultOptimizer",
+    "lr_scheduler": "ktrain.builtin.schedulers:DefaultScheduler",
+    "checkpoint_format": "ktrain.builtin.local_checkpoint:LocalCheckpoint",
+}
+
+
+class PluginError(Exception):
+    """A plugin could not be loaded, or two plugins claim one role; the message names them."""
+
+
+@attrs.frozen
+class PluginInfo:
+    """An installed plugin: its entry-point name, the distribution that ships it, and its version."""
+
+    name: str
+    distribution: str
+    version: str
+    module: Any = attrs.field(eq=False, repr=False)
+
+    def describe(self) -> str:
+        return f"'{self.name}' ({self.distribution} {self.version})"
+
+
+@attrs.frozen
+class Activation:
+    """A runtime object registered for this run, the roles it owns and the keys that enabled it."""
+
+    plugin: PluginInfo
+    obj: Any = attrs.field(eq=False, repr=False)
+    roles: tuple[str, ...]
+    keys: tuple[str, ...]
+    default: bool = False
+
+
+KERNEL_INFO_NAME = "kernel"
+
+
+@attrs.define
+class Plugins:
+    """The plugin manager of one command, with what each plugin is and what it owns in this run."""
+
+    pm: pluggy.PluginManager
+    infos: list[PluginInfo]
+    activations: list[Activation] = attrs.Factory(list)
+
+    @property
+    def hook(self) -> Any:
+        return self.pm.hook
+
+    def role_owners(self) -> dict[str, Activation]:
+        return {role: act for act in self.activations for role in act.roles}
+
+    def info_of(self, module: Any) -> PluginInfo | None:
+        return next((i for i in self.infos if i.module is module), None)
+
+    def call_with_callback(self, hook_name: str, **kwargs: Any) -> None:
+        """Call a ``register_*`` hook on each plugin in turn, telling ``kwargs['register']`` who calls.
+
+        ``kwargs['register']`` must accept the calling ``PluginInfo`` as keyword ``plugin``; the
+        plugin itself sees a callback without it.
+        """
+        register = kwargs.pop("register")
+        caller = getattr(self.pm.hook, hook_name)
+        for impl in reversed(caller.get_hookimpls()):
+            info = self._owner(impl.plugin)
+
+            def bound(*args: Any, _info: PluginInfo = info, **kw: Any) -> Any:
+                return register(*args, plugin=_info, **kw)
+
+            args = {"register": bound, **kwargs}
+            impl.function(**{name: args[name] for name in impl.argnames})
+
+    def _owner(self, obj: Any) -> PluginInfo:
+        info = self.info_of(obj)
+        if info is not None:
+            return info
+        for act in self.activations:
+            if act.obj is obj:
+                return act.plugin
+        return PluginInfo(KERNEL_INFO_NAME, PROJECT, __version__, obj)
+
+
+def discover(extra: Iterable[tuple[str, Any]] = ()) -> Plugins:
+    """Register the kernel's entry module, every installed ``ktrain`` entry point, and ``extra``.
+
+    ``extra`` holds ``(name, module)`` pairs registered as if installed (tests use it). Raises
+    ``PluginError`` naming the entry point and its distribution when one fails to load or implements
+    a hook that does not exist.
+    """
+    pm = pluggy.PluginManager(PROJECT)
+    pm.add_hookspecs(hookspecs)
+    infos = [PluginInfo(KERNEL_INFO_NAME, PROJECT, __version__, importlib.import_module(KERNEL_ENTRY))]
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist.name if ep.dist else "?"
+        version = ep.dist.version if ep.dist else "?"
+        try:
+            module = ep.load()
+        except Exception as e:
+            raise PluginError(
+                f"plugin '{ep.name}' from {dist} {version} failed to load ({ep.value}): "
+                f"{type(e).__name__}: {e}. Reinstall it, or uninstall it with `pip uninstall {dist}`."
+            ) from None
+        infos.append(PluginInfo(ep.name, dist, version, module))
+    infos += [PluginInfo(name, "(registered in process)", "-", module) for name, module in extra]
+    for info in infos:
+        try:
+            pm.register(info.module, name=info.name)
+        except (pluggy.PluginValidationError, ValueError) as e:
+            raise PluginError(f"plugin {info.describe()} is not valid: {e}") from None
+    plugins = Plugins(pm, infos)
+    _check_pending(plugins)
+    return plugins
+
+
+def _check_pending(plugins: Plugins) -> None:
+    """Raise ``PluginError`` naming the plugin when one implements a hook that does not exist."""
+    try:
+        plugins.pm.check_pending()
+    except pluggy.PluginValidationError as e:
+        name = next(
+            n
+            for n, caller in vars(plugins.pm.hook).items()
+            if not n.startswith("_") and not caller.has_spec()
+            for impl in caller.get_hookimpls()
+            if impl.plugin is e.plugin and not impl.optionalhook
+        )
+        close = difflib.get_close_matches(name, [n for n in vars(hookspecs) if n.startswith("ktrain_")], n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise PluginError(
+            f"plugin {plugins._owner(e.plugin).describe()} implements '{name}', which is not a hook of "
+            f"ktrain {__version__}{hint} (`ktrain hooks` lists them)"
+        ) from None
+
+
+def activate(plugins: Plugins, config: Any, *, with_defaults: bool) -> None:
+    """Let every plugin activate its runtime object for ``config``; give each role one owner.
+
+    Raises ``PluginError`` when two plugins claim one role, naming both, their distributions and
+    versions, and the keys that enabled them. With ``with_defaults``, the kernel's default owners
+    (which import torch) are registered for the roles nobody claimed.
+    """
+    claimed: dict[str, Activation] = {}
+    for impl in reversed(plugins.pm.hook.ktrain_activate.get_hookimpls()):
+        info = plugins._owner(impl.plugin)
+
+        def register(obj: Any, *, roles: Iterable[str] = (), keys: Iterable[str] = (), _info=info) -> None:
+            act = Activation(_info, obj, tuple(roles), tuple(keys))
+            for role in act.roles:
+                if role in claimed:
+                    raise PluginError(_conflict(role, claimed[role], act))
+                claimed[role] = act
+            plugins.activations.append(act)
+            try:
+                plugins.pm.register(obj, name=f"{_info.name}:{type(obj).__name__}:{len(plugins.activations)}")
+            except (pluggy.PluginValidationError, ValueError) as e:
+                raise PluginError(f"plugin {_info.describe()} activated an invalid object: {e}") from None
+
+        args = {"config": config, "activate": register}
+        impl.function(**{name: args[name] for name in impl.argnames})
+    kernel = plugins.infos[0]
+    owners: dict[str, Any] = {}
+    for role, target in DEFAULT_OWNERS.items():
+        if role in claimed:
+            continue
+        if not with_defaults:
+            plugins.activations.append(Activation(kernel, target, (role,), (), default=True))
+            continue
+        if target not in owners:
+            module_name, attr = target.split(":")
+            owners[target] = getattr(importlib.import_module(module_name), attr)(config)
+            plugins.pm.register(owners[target], name=f"default:{target}")
+        plugins.activations.append(Activation(kernel, owners[target], (role,), (), default=True))
+    _check_pending(plugins)
+
+
+def _conflict(role: str, first: Activation, second: Activation) -> str:
+    def who(act: Activation) -> str:
+        keys = ", ".join(act.keys) or "no keys named"
+        return f"{act.plugin.describe()}, enabled by: {keys}"
+
+    return (
+        f"two plugins claim the role '{role}': {who(first)}; and {who(second)}. "
+        f"Only one may own it in a run: remove the keys of one of them from the config."
+    )

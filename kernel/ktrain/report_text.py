@@ -1,0 +1,81 @@
+"""Text that ``ktrain check``, ``keys``, ``plugins`` and ``hooks`` print."""
+
+from __future__ import annotations
+
+import inspect
+
+import attrs
+
+from ktrain import hookspecs
+from ktrain.config.model import Config
+from ktrain.plugins import Plugins
+from ktrain.resolve import Plan
+
+
+def _value(value: object) -> str:
+    text = repr(value) if not attrs.has(type(value)) else str(attrs.asdict(value))
+    return text if len(text) <= 70 else text[:67] + "..."
+
+
+def describe_plan(plan: Plan) -> str:
+    """The resolved config (value, owner, origin), the active plugins with their roles, and the mesh."""
+    config = plan.config
+    lines = [f"config {config.source}: OK", "", "keys set (value, owner, from):"]
+    for key in sorted(config.present):
+        lines.append(f"  {key} = {_value(getattr(config, key))}    [{config.owners[key]}; {config.origins[key]}]")
+    lines += ["", "plugins in this run (roles):"]
+    for act in plan.plugins.activations:
+        who = act.plugin.describe() if not act.default else f"kernel default {act.obj}"
+        roles = ", ".join(act.roles) or "-"
+        keys = f"; enabled by {', '.join(act.keys)}" if act.keys else ""
+        lines.append(f"  {roles}: {who}{keys}")
+    lines += ["", f"mesh: {plan.mesh.describe()}"]
+    for problem in plan.warnings:
+        lines.append(f"warning: {problem}")
+    return "\n".join(lines)
+
+
+def describe_keys(config: Config) -> str:
+    """Every key, grouped by owner and section, with its default and help."""
+    lines = []
+    for section in config.sections.values():
+        fields = attrs.fields(type(section))
+        owner = config.owners[fields[0].name] if fields else "?"
+        lines.append(f"{type(section).__name__} ({owner}):")
+        for f in fields:
+            lines.append(f"  {f.name} = {_value(getattr(section, f.name))}    {f.metadata.get('help', '')}")
+    return "\n".join(lines)
+
+
+def describe_plugins(plugins: Plugins) -> str:
+    """Installed plugins: name, distribution, version, the hooks of their entry module."""
+    lines = []
+    for info in plugins.infos:
+        hooks = sorted(
+            name for name in dir(info.module) if name.startswith("ktrain_") and callable(getattr(info.module, name))
+        )
+        lines.append(f"{info.name}: {info.distribution} {info.version} ({info.module.__name__})")
+        lines.append(f"  hooks: {', '.join(hooks) or '-'}")
+        roles = getattr(info.module, "KTRAIN_ROLES", ())
+        if roles:
+            lines.append(f"  roles it can claim: {', '.join(roles)}")
+    return "\n".join(lines)
+
+
+def hook_signature(name: str) -> str:
+    """``name(arg, ...)`` as a plugin author writes it; docs/hooks.md must show exactly this."""
+    params = inspect.signature(getattr(hookspecs, name)).parameters
+    return f"{name}({', '.join(params)})"
+
+
+def hook_names() -> list[str]:
+    return [name for name in vars(hookspecs) if name.startswith("ktrain_")]
+
+
+def describe_hooks() -> str:
+    """Every hook with its signature and the first line of its docstring."""
+    lines = []
+    for name in hook_names():
+        doc = (getattr(hookspecs, name).__doc__ or "").strip().splitlines()[0]
+        lines.append(f"{hook_signature(name)}\n    {doc}")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""What happens on each rank: process group, model, loop, checkpoints, metrics. Imports torch."""

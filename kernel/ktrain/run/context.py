@@ -1,0 +1,61 @@
+"""``Run``: what every runtime hook receives about the run it takes part in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from ktrain.config.model import Config
+from ktrain.mesh import MeshPlan
+from ktrain.resolve import Plan
+
+
+@attrs.define
+class Run:
+    """The run as seen from one rank.
+
+    ``device_mesh`` is a ``torch.distributed.DeviceMesh`` with the named dimensions of ``mesh`` (None
+    in a one-process run); ``compute_dtype`` is what autocast computes in (fp32: no autocast);
+    ``log`` is rank 0's metrics log (``log.write(step, metrics)``), set when the loop starts.
+    """
+
+    plan: Plan
+    output_dir: Path
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    device_mesh: Any
+    compute_dtype: torch.dtype
+    tokenizer: Any = None
+    model: Any = None
+    log: Any = None
+    step: int = 0
+
+    @property
+    def config(self) -> Config:
+        return self.plan.config
+
+    @property
+    def mesh(self) -> MeshPlan:
+        return self.plan.mesh
+
+    @property
+    def hook(self) -> Any:
+        return self.plan.plugins.hook
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def dp_rank(self) -> int:
+        """This rank's index among the ranks that see different data (replicas × shards)."""
+        if self.device_mesh is None:
+            return 0
+        dims = self.mesh.dims
+        rep = self.device_mesh["dp_replicate"].get_local_rank() if dims["dp_replicate"] > 1 else 0
+        shard = self.device_mesh["dp_shard"].get_local_rank() if dims["dp_shard"] > 1 else 0
+        return rep * dims["dp_shard"] + shard

@@ -1,0 +1,105 @@
+"""What rank 0 tells the user: a line (or a progress bar on a terminal) per logged step, and metrics.jsonl.
+
+MFU counts ``6 · N + 12 · layers · hidden · seq`` FLOPs per token (N: parameters outside the
+embeddings; the second term is attention) against the device's dense bf16 peak (``KTRAIN_PEAK_TFLOPS``
+overrides; unknown devices and CPUs report no MFU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0, "B200": 2250.0}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Dense bf16 FLOP/s of ``device``, or None when unknown."""
+    if "KTRAIN_PEAK_TFLOPS" in os.environ:
+        return float(os.environ["KTRAIN_PEAK_TFLOPS"]) * 1e12
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((tf * 1e12 for key, tf in PEAK_TFLOPS.items() if key in name), None)
+
+
+def flops_per_token(model: Any, seq_len: int) -> float:
+    """Training FLOPs per token of a decoder model (forward and backward)."""
+    cfg = getattr(model, "config", None)
+    embed = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    params = sum(p.numel() for p in model.parameters()) - embed
+    layers = getattr(cfg, "num_hidden_layers", 0) or 0
+    hidden = getattr(cfg, "hidden_size", 0) or 0
+    return 6.0 * params + 12.0 * layers * hidden * seq_len
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak device memory (GPU) or peak resident memory of this process (CPU), in GiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+class MetricsLog:
+    """Rank 0's log: console, ``metrics.jsonl`` and the registered sinks."""
+
+    def __init__(self, path: Path, total_steps: int, sinks: list[Any], enabled: bool):
+        self.enabled = enabled
+        self.total_steps = total_steps
+        self.sinks = sinks
+        self.tty = sys.stdout.isatty()
+        self.file = open(path, "a", encoding="utf-8") if enabled else None  # noqa: SIM115 - open for the run
+        self.started = time.perf_counter()
+        self.first_step: int | None = None
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        for sink in self.sinks:
+            sink.write(step, metrics)
+        self._print(step, metrics)
+
+    def _eta(self, step: int) -> str:
+        if self.first_step is None:
+            self.first_step, self.started = step, time.perf_counter()
+            return "?"
+        done = step - self.first_step
+        left = (time.perf_counter() - self.started) / max(done, 1) * (self.total_steps - step)
+        return time.strftime("%H:%M:%S", time.gmtime(left))
+
+    def _print(self, step: int, metrics: dict[str, float]) -> None:
+        shown = " ".join(f"{k} {_fmt(v)}" for k, v in metrics.items())
+        if "loss" in metrics:
+            line = f"step {step}/{self.total_steps} {shown} eta {self._eta(step)}"
+        else:
+            line = f"step {step}/{self.total_steps} {shown}"
+        if self.tty and "loss" in metrics:
+            width = 20
+            filled = int(width * step / max(self.total_steps, 1))
+            print(f"\r[{'#' * filled}{'.' * (width - filled)}] {line}\033[K", end="", flush=True)
+            if step == self.total_steps:
+                print()
+        else:
+            print(("\n" if self.tty else "") + line, flush=True)
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+        for sink in self.sinks:
+            sink.close()
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
+    return str(value)

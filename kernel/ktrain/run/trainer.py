@@ -1,0 +1,300 @@
+"""The training loop: load, wrap, parallelize, shard, then steps of accumulated micro-batches.
+
+The loss handed to ``engine.backward`` is each rank's token sum divided by the trained tokens of the
+whole global batch (all micro-batches, all data-parallel ranks) times the data-parallel size, so the
+gradient that data parallelism averages is that of the token-mean loss of the step: the same for any
+split of one global batch into ranks and micro-batches, and never multiplied by accumulation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ktrain.data.batches import BatchPlan, collate
+from ktrain.data.examples import Example, Examples, tokenize_all
+from ktrain.registry import collect
+from ktrain.run import checkpoints, distributed
+from ktrain.run.context import Run
+from ktrain.run.metrics import MetricsLog, flops_per_token, peak_flops, peak_memory_gib
+
+
+def chain(run: Run, hook_name: str, value_name: str, value: Any, **kwargs: Any) -> Any:
+    """Call a transforming hook on each plugin in turn, each getting the previous result (None keeps it)."""
+    for impl in reversed(getattr(run.hook, hook_name).get_hookimpls()):
+        args = {value_name: value, "run": run, **kwargs}
+        result = impl.function(**{name: args[name] for name in impl.argnames})
+        if result is not None:
+            value = result
+    return value
+
+
+def merged(results: list[dict | None], what: str) -> dict[str, Any]:
+    """Merge the dicts of a ``collect_*`` hook; a key given twice is an error."""
+    out: dict[str, Any] = {}
+    for result in results:
+        for key, value in (result or {}).items():
+            if key in out:
+                raise RuntimeError(f"two plugins give the {what} '{key}'")
+            out[key] = value
+    return out
+
+
+class Trainer:
+    """One rank's training: built from a ``Run``, driven by ``fit``."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.config = run.config
+        self.tokens_seen = 0
+
+    # ---------------------------------------------------------------- setup
+
+    def _load(self) -> tuple[Any, Examples]:
+        run, config = self.run, self.config
+        run.tokenizer = run.hook.ktrain_load_tokenizer(run=run)
+        examples = tokenize_all(config, run.tokenizer, run.plan.formats)
+        if run.is_main:
+            print(
+                f"data: {len(examples.train)} training rows, {len(examples.eval)} held out; "
+                f"{examples.truncated} truncated to sequence_len {config.sequence_len}, {examples.skipped} skipped",
+                flush=True,
+            )
+        model_kwargs = merged(run.hook.ktrain_collect_model_kwargs(run=run), "model argument")
+        model = run.hook.ktrain_load_model(run=run, model_kwargs=model_kwargs)
+        model = chain(run, "ktrain_wrap_model", "model", model)
+        model = chain(run, "ktrain_parallelize", "model", model)
+        run.model = model
+        return model, examples
+
+    def _total_steps(self, plan: BatchPlan) -> int:
+        if self.config.max_steps:
+            return self.config.max_steps
+        if plan.steps_per_epoch == 0:
+            raise ValueError(
+                f"datasets: {plan.n} training rows are fewer than one global batch of {plan.rows_per_step} "
+                f"(micro_batch_size x gradient_accumulation_steps x {plan.dp_size} data-parallel ranks)"
+            )
+        return max(1, math.ceil(self.config.num_epochs * plan.steps_per_epoch))
+
+    def _every(self, steps: int | None, per_epoch: int | None, steps_per_epoch: int) -> int | None:
+        if steps:
+            return steps
+        if per_epoch:
+            return max(1, math.ceil(steps_per_epoch / per_epoch))
+        return None
+
+    # ---------------------------------------------------------------- steps
+
+    def _forward(self, batch: dict[str, torch.Tensor], num_items: float) -> torch.Tensor:
+        out = self.engine.module(**batch, num_items_in_batch=torch.tensor(num_items, device=self.run.device))
+        return out.loss
+
+    def _autocast(self) -> Any:
+        dtype = self.run.compute_dtype
+        if dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.run.device.type, dtype=dtype)
+
+    def _to_device(self, rows: list[int], examples: list[Example]) -> dict[str, torch.Tensor]:
+        pad_to = self.config.sequence_len if self.config.pad_to_sequence_len else None
+        batch = collate([examples[i] for i in rows], self.pad_id, pad_to)
+        return {k: v.to(self.run.device, non_blocking=True) for k, v in batch.items()}
+
+    def _train_step(self, step: int, train: list[Example]) -> tuple[float, int, int]:
+        """One optimizer step; returns (local loss sum, global trained tokens, global input tokens)."""
+        rows = self.plan.step_rows(step)
+        global_tokens = sum(train[i].trained_tokens for rank in rows for micro in rank for i in micro)
+        input_tokens = sum(len(train[i].input_ids) for rank in rows for micro in rank for i in micro)
+        num_items = max(global_tokens, 1) / self.plan.dp_size
+        mine = rows[self.dp_rank]
+        loss_sum = 0.0
+        for k, micro in enumerate(mine):
+            batch = self._to_device(micro, train)
+            with self.engine.accumulate(last=k == len(mine) - 1), self._autocast():
+                loss = self.step_fn(batch, num_items)
+            self.engine.backward(loss)
+            loss_sum += float(loss.detach()) * num_items
+        self.grad_norm = self.engine.step()
+        return loss_sum, global_tokens, input_tokens
+
+    @torch.no_grad()
+    def evaluate(self, eval_set: list[Example]) -> float:
+        """Token-mean loss over the held-out rows, shared out over the data-parallel ranks."""
+        self.engine.train(False)
+        mine = eval_set[self.dp_rank :: self.plan.dp_size]
+        size = self.config.eval_batch_size or self.config.micro_batch_size
+        batches = math.ceil(math.ceil(len(eval_set) / self.plan.dp_size) / size)
+        loss_sum = tokens = 0.0
+        for b in range(batches):  # every rank runs as many forwards: sharded forwards are collective
+            rows = mine[b * size : (b + 1) * size]
+            batch = self._to_device(list(range(len(rows) or 1)), rows or eval_set[:1])
+            with self._autocast():
+                loss = self.engine.module(**batch, num_items_in_batch=torch.tensor(1.0, device=self.run.device)).loss
+            if rows:
+                loss_sum += float(loss)
+                tokens += sum(e.trained_tokens for e in rows)
+        self.engine.train(True)
+        total_loss, total_tokens = distributed.all_reduce_sum([loss_sum, tokens], self.run.device)
+        return total_loss / max(total_tokens, 1)  # both counted once per copy of the rows
+
+    def _data_copies(self) -> int:
+        """Ranks that hold the same rows (tensor/context-parallel groups): sums over all ranks count them."""
+        return self.run.world_size // self.plan.dp_size
+
+    # ---------------------------------------------------------------- the run
+
+    def fit(self, resume: bool) -> dict[str, float]:
+        """Train to the end (or from the latest checkpoint with ``resume``); return the final metrics."""
+        run, config = self.run, self.config
+        model, examples = self._load()
+        self.pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
+        self.dp_rank = run.dp_rank()
+        self.plan = BatchPlan(
+            len(examples.train), config.micro_batch_size, config.gradient_accumulation_steps,
+            run.mesh.dp_size, config.seed,
+        )
+        total = self._total_steps(self.plan)
+
+        def build_optimizer(params: Any) -> Any:
+            return run.hook.ktrain_build_optimizer(params=params, run=run)
+
+        def build_lr_scheduler(optimizer: Any) -> Any:
+            return run.hook.ktrain_build_lr_scheduler(optimizer=optimizer, run=run, total_steps=total)
+
+        self.engine = run.hook.ktrain_shard(
+            model=model, run=run, build_optimizer=build_optimizer, build_lr_scheduler=build_lr_scheduler
+        )
+        self.step_fn = chain(run, "ktrain_wrap_train_step", "step", self._forward)
+        start = 0
+        point = checkpoints.find_resume_point(
+            run, config.resume_from_checkpoint, required=resume and not config.auto_resume_from_checkpoints
+        ) if (resume or config.resume_from_checkpoint or config.auto_resume_from_checkpoints) else None
+        if point is not None:
+            state = checkpoints.load(run, self.engine, point)
+            start, self.tokens_seen = state["step"], state.get("tokens_seen", 0)
+            if run.is_main:
+                print(f"resumed from {point} at step {start}", flush=True)
+        sinks = []
+        if run.is_main:
+            for factory, _ in collect(run.plan.plugins, "ktrain_register_metric_sinks", "metric sink").items.values():
+                sink = factory(run)
+                if sink is not None:
+                    sinks.append(sink)
+        run.log = MetricsLog(run.output_dir / "metrics.jsonl", total, sinks, enabled=run.is_main)
+        try:
+            return self._loop(start, total, examples)
+        finally:
+            run.log.close()
+
+    def _loop(self, start: int, total: int, examples: Examples) -> dict[str, float]:
+        run, config = self.run, self.config
+        save_every = None if config.save_strategy == "no" else self._every(
+            config.save_steps, config.saves_per_epoch or (1 if config.save_strategy == "epoch" else None),
+            self.plan.steps_per_epoch,
+        )
+        eval_every = self._every(config.eval_steps, config.evals_per_epoch, self.plan.steps_per_epoch)
+        seq_flops = flops_per_token(self.engine.model, config.sequence_len)
+        peak = peak_flops(run.device)
+        run.hook.ktrain_on_train_start(run=run, engine=self.engine)
+        self.engine.train(True)
+        window_loss = window_tokens = window_inputs = 0.0
+        window_start, last_saved, metrics = time.perf_counter(), start, {}
+        for step in range(start, total):
+            run.step = step + 1
+            loss_sum, tokens, inputs = self._train_step(step, examples.train)
+            window_loss += loss_sum
+            window_tokens += tokens
+            window_inputs += inputs
+            self.tokens_seen += inputs
+            if run.step % config.logging_steps == 0 or run.step == total:
+                (reduced,) = distributed.all_reduce_sum([window_loss], run.device)
+                elapsed = time.perf_counter() - window_start
+                metrics = {
+                    "loss": reduced / self._data_copies() / max(window_tokens, 1),
+                    "lr": self.engine.lr(),
+                    "grad_norm": self.grad_norm,
+                    "tokens_per_s": window_inputs / elapsed,
+                    "epoch": round(run.step / max(self.plan.steps_per_epoch, 1), 4),
+                }
+                if peak:
+                    metrics["mfu"] = window_inputs * seq_flops / elapsed / (peak * run.world_size)
+                metrics["peak_mem_gib"] = peak_memory_gib(run.device)
+                metrics.update(merged(run.hook.ktrain_collect_metrics(run=run, step=run.step), "metric"))
+                run.log.write(run.step, metrics)
+                window_loss = window_tokens = window_inputs = 0.0
+                window_start = time.perf_counter()
+            run.hook.ktrain_on_step_end(run=run, step=run.step, metrics=metrics)
+            if examples.eval and ((eval_every and run.step % eval_every == 0) or run.step == total):
+                eval_metrics = {"eval_loss": self.evaluate(examples.eval)}
+                run.log.write(run.step, eval_metrics)
+                run.hook.ktrain_on_eval_end(run=run, step=run.step, metrics=eval_metrics)
+            if save_every and (run.step % save_every == 0 or run.step == total) and run.step != last_saved:
+                path = checkpoints.save(run, self.engine, run.step, {"step": run.step, "tokens_seen": self.tokens_seen})
+                last_saved = run.step
+                run.hook.ktrain_on_checkpoint_saved(run=run, step=run.step, path=path)
+        self._export()
+        run.hook.ktrain_on_train_end(run=run, engine=self.engine, metrics=metrics)
+        return metrics
+
+    def _export(self) -> None:
+        run = self.run
+        staging, final = run.output_dir / ".tmp-final", run.output_dir / "final"
+        if run.is_main and staging.exists():
+            shutil.rmtree(staging)
+        distributed.barrier()
+        run.hook.ktrain_export_model(engine=self.engine, run=run, path=staging)
+        distributed.barrier()
+        if run.is_main:
+            old = run.output_dir / ".old-final"
+            if final.exists():
+                final.rename(old)
+            staging.rename(final)
+            if old.exists():
+                shutil.rmtree(old)
+            print(f"model written to {final}", flush=True)
+        distributed.barrier()
+
+
+def rank_main(run_dir: Path, resume: bool) -> None:
+    """Everything one rank does: read the plan, start the process group, train, shut down."""
+    from ktrain.resolve import prepare
+    from ktrain.run_dir import lock_workers
+
+    rank, local_rank, world = distributed.rank_env()
+    plan = prepare(run_dir / "config.yaml", world_size=world, with_defaults=True)
+    lock = lock_workers(run_dir)
+    device = distributed.pick_device(local_rank)
+    torch.manual_seed(plan.config.seed)
+    if plan.config.tf32 and device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    run = Run(
+        plan=plan, output_dir=run_dir, rank=rank, local_rank=local_rank, world_size=world, device=device,
+        device_mesh=distributed.init(plan.mesh, device), compute_dtype=compute_dtype(plan.config, device),
+    )
+    try:
+        Trainer(run).fit(resume)
+    except BaseException as e:
+        run.hook.ktrain_on_exception(run=run, error=e)
+        raise
+    finally:
+        distributed.shutdown()
+        lock.close()
+
+
+def compute_dtype(config: Any, device: torch.device) -> torch.dtype:
+    """bf16 / fp16 autocast, or fp32; ``bf16: auto`` means bf16 on a GPU that supports it."""
+    if config.bf16 == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    if config.bf16:
+        return torch.bfloat16
+    if config.fp16:
+        return torch.float16
+    return torch.float32
