@@ -27,6 +27,8 @@ class Engine:
     owns_accumulation = False
     owns_clipping = False
     owns_scheduler = False
+    scaler: torch.amp.GradScaler | None = None
+    """Set by the kernel for fp16 compute when the engine does not own backward."""
 
     def __init__(self, module: Any, model: Any, optimizer: Any, lr_scheduler: Any, max_grad_norm: float | None):
         self.module = module
@@ -41,7 +43,7 @@ class Engine:
         yield
 
     def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def clip_grad_norm(self) -> float:
         """Clip to ``max_grad_norm`` (when set) and return the global gradient norm before clipping."""
@@ -55,8 +57,14 @@ class Engine:
 
         Returns the gradient norm before clipping.
         """
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
         norm = self.clip_grad_norm()
-        self.optimizer.step()
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm

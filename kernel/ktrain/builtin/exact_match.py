@@ -39,14 +39,14 @@ class ExactMatch:
         right = sum(a == expected for a, (_, expected) in zip(answers, self.questions, strict=True))
         accuracy = right / max(len(self.questions), 1)
         if run.is_main:
-            print(f"exact-match accuracy {when} training: {accuracy:.1%} ({right}/{len(self.questions)})", flush=True)
+            print(f"exact-match accuracy {when}: {accuracy:.1%} ({right}/{len(self.questions)})", flush=True)
             run.log.write(run.step, {"exact_match": accuracy})
         return accuracy
 
     @hookimpl
     def ktrain_on_train_start(self, run: Any, engine: Any) -> None:
-        self.score(run, engine, "before")
+        self.score(run, engine, "before training" if run.step == 0 else f"at step {run.step} (resumed)")
 
     @hookimpl
     def ktrain_on_train_end(self, run: Any, engine: Any, metrics: dict[str, float]) -> None:
-        metrics["exact_match"] = self.score(run, engine, "after")
+        metrics["exact_match"] = self.score(run, engine, "after training")

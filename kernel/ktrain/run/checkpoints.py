@@ -22,6 +22,7 @@ from ktrain.config.report import ConfigError
 from ktrain.files import atomic_write_text, fsync_dir, fsync_tree
 from ktrain.run import distributed
 from ktrain.run.context import Run
+from ktrain.run.faults import maybe_fault
 from ktrain.run_dir import CHECKPOINTS
 
 MANIFEST = "manifest.json"
@@ -73,6 +74,7 @@ def save(run: Run, engine: Any, step: int, trainer_state: dict[str, Any]) -> Pat
     rank_state = {
         "rng": _rng_state(),
         "plugins": {name: obj.state_dict() for name, obj in _plugin_states(run).items()},
+        "grad_scaler": engine.scaler.state_dict() if engine.scaler else None,
     }
     torch.save(rank_state, staging / f"rank-{run.rank}.pt")
     distributed.barrier()
@@ -94,6 +96,7 @@ def save(run: Run, engine: Any, step: int, trainer_state: dict[str, Any]) -> Pat
         }
         atomic_write_text(staging / MANIFEST, json.dumps(manifest, indent=1))
         fsync_tree(staging)
+        maybe_fault("save-before-commit", step, run.rank)
         if final.exists():  # a step saved again (a resumed run saving its first step): replace whole
             shutil.rmtree(final)
         staging.rename(final)
@@ -156,6 +159,8 @@ def load(run: Run, engine: Any, path: Path) -> dict[str, Any]:
     if rank_file.exists():
         rank_state = torch.load(rank_file, weights_only=False)
         _set_rng_state(rank_state["rng"])
+        if engine.scaler and rank_state.get("grad_scaler"):
+            engine.scaler.load_state_dict(rank_state["grad_scaler"])
         for name, obj in _plugin_states(run).items():
             if name in rank_state["plugins"]:
                 obj.load_state_dict(rank_state["plugins"][name])

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ktrain.files import atomic_write_text
+
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0, "B200": 2250.0}
 
 
@@ -50,19 +52,22 @@ def peak_memory_gib(device: torch.device) -> float:
 class MetricsLog:
     """Rank 0's log: console, ``metrics.jsonl`` and the registered sinks."""
 
-    def __init__(self, path: Path, total_steps: int, sinks: list[Any], enabled: bool):
+    def __init__(self, path: Path, start_step: int, total_steps: int, sinks: list[Any], enabled: bool):
         self.enabled = enabled
         self.total_steps = total_steps
         self.sinks = sinks
         self.tty = sys.stdout.isatty()
-        self.file = open(path, "a", encoding="utf-8") if enabled else None  # noqa: SIM115 - open for the run
+        self.file = None
+        if enabled:
+            _drop_records_after(path, start_step)
+            self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the run
         self.started = time.perf_counter()
         self.first_step: int | None = None
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
-        record = {"step": step, **{k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()}}
+        record = {"step": step, **metrics}
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
         for sink in self.sinks:
@@ -97,6 +102,16 @@ class MetricsLog:
             self.file.close()
         for sink in self.sinks:
             sink.close()
+
+
+def _drop_records_after(path: Path, step: int) -> None:
+    """On resume, forget what a killed run logged after its last checkpoint: those steps run again."""
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    if len(kept) != len(lines):
+        atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
 def _fmt(value: Any) -> str:

@@ -22,6 +22,7 @@ from ktrain.data.examples import Example, Examples, tokenize_all
 from ktrain.registry import collect
 from ktrain.run import checkpoints, distributed
 from ktrain.run.context import Run
+from ktrain.run.faults import maybe_fault
 from ktrain.run.metrics import MetricsLog, flops_per_token, peak_flops, peak_memory_gib
 
 
@@ -117,10 +118,14 @@ class Trainer:
         loss_sum = 0.0
         for k, micro in enumerate(mine):
             batch = self._to_device(micro, train)
-            with self.engine.accumulate(last=k == len(mine) - 1), self._autocast():
-                loss = self.step_fn(batch, num_items)
-            self.engine.backward(loss)
+            with self.engine.accumulate(last=k == len(mine) - 1):
+                maybe_fault("forward", step + 1, self.run.rank)
+                with self._autocast():
+                    loss = self.step_fn(batch, num_items)
+                maybe_fault("backward", step + 1, self.run.rank)
+                self.engine.backward(loss)
             loss_sum += float(loss.detach()) * num_items
+        maybe_fault("optimizer", step + 1, self.run.rank)
         self.grad_norm = self.engine.step()
         return loss_sum, global_tokens, input_tokens
 
@@ -171,6 +176,8 @@ class Trainer:
         self.engine = run.hook.ktrain_shard(
             model=model, run=run, build_optimizer=build_optimizer, build_lr_scheduler=build_lr_scheduler
         )
+        if run.compute_dtype == torch.float16 and not self.engine.owns_backward:
+            self.engine.scaler = torch.amp.GradScaler(run.device.type)
         self.step_fn = chain(run, "ktrain_wrap_train_step", "step", self._forward)
         start = 0
         point = checkpoints.find_resume_point(
@@ -187,7 +194,7 @@ class Trainer:
                 sink = factory(run)
                 if sink is not None:
                     sinks.append(sink)
-        run.log = MetricsLog(run.output_dir / "metrics.jsonl", total, sinks, enabled=run.is_main)
+        run.log = MetricsLog(run.output_dir / "metrics.jsonl", start, total, sinks, enabled=run.is_main)
         try:
             return self._loop(start, total, examples)
         finally:

@@ -1,0 +1,114 @@
+"""Training for real on CPU: the loss falls, resume is exact, DDP matches one process, faults end runs."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from tests.kit import dataset, ktrain, model_dir, records, write_config
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    model_dir(tmp_path, attention_dropout=0.1)  # dropout: resume must restore the RNG to be exact
+    dataset(tmp_path, 400)
+    return tmp_path
+
+
+def test_loss_falls_and_export_loads(root: Path) -> None:
+    config = write_config(root, max_steps=25, val_set_size=40, eval_steps=25)
+    done = ktrain("run", str(config))
+    assert done.returncode == 0, done.stderr
+    losses = records(root / "out")
+    assert len(losses) == 25
+    first, last = losses[1], sum(losses[s] for s in (23, 24, 25)) / 3
+    assert last < 0.6 * first, losses
+    assert records(root / "out", "eval_loss")[25] < first
+    model = transformers.AutoModelForCausalLM.from_pretrained(root / "out" / "final")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(root / "out" / "final")
+    ids = torch.tensor([tokenizer("What is 2+2?")["input_ids"]])
+    assert model(input_ids=ids).logits.shape[-1] == model.config.vocab_size
+    answer = ktrain("generate", str(root / "out"), "What is 2+2?", "--max-new-tokens", "4")
+    assert answer.returncode == 0, answer.stderr
+
+
+def test_resume_is_exact(root: Path) -> None:
+    """N steps, a checkpoint, the rest after a resume: the same losses and weights, to the bit, as one go."""
+    keys = dict(max_steps=6, save_steps=3, gradient_accumulation_steps=2, warmup_steps=2, lr_scheduler="cosine")
+    config = write_config(root, **keys)
+    whole = ktrain("run", str(config))
+    assert whole.returncode == 0, whole.stderr
+    one_go = root / "one_go"
+    shutil.copytree(root / "out", one_go)
+    # Make out/ look like a run killed after step 4: step-3 committed, step 4 logged, nothing after.
+    shutil.rmtree(root / "out" / "checkpoints" / "step-00000006")
+    shutil.rmtree(root / "out" / "final")
+    lines = (root / "out" / "metrics.jsonl").read_text().splitlines()
+    (root / "out" / "metrics.jsonl").write_text("\n".join(lines[:4]) + "\n")
+    resumed = ktrain("run", str(config), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout
+    assert records(root / "out") == records(one_go)
+    assert _digest(root / "out" / "final" / "model.safetensors") == _digest(one_go / "final" / "model.safetensors")
+
+
+def test_sigkill_during_save_keeps_previous_checkpoint(root: Path) -> None:
+    config = write_config(root, max_steps=6, save_steps=2)
+    killed = ktrain("run", str(config), env={"KTRAIN_FAULT": "save-before-commit:4:0:sigkill"})
+    assert killed.returncode == -9
+    checkpoints = root / "out" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [".tmp-step-00000004", "step-00000002"]
+    resumed = ktrain("run", str(config), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "step-00000002 at step 2" in resumed.stdout
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000002", "step-00000004", "step-00000006"]
+    uninterrupted = write_config(root, "clean.yaml", max_steps=6, save_steps=2, output_dir=str(root / "clean"))
+    assert ktrain("run", str(uninterrupted)).returncode == 0
+    assert records(root / "out") == records(root / "clean")
+
+
+def test_ddp_two_ranks_match_one(root: Path) -> None:
+    """Global batch 8 as 1 rank x 2 micro-batches of 4, and as 2 ranks x 1 micro-batch of 4."""
+    model_dir(root, attention_dropout=0.0)  # each rank draws its own dropout masks: compare without
+    one = write_config(root, "one.yaml", gradient_accumulation_steps=2, output_dir=str(root / "one"))
+    two = write_config(root, "two.yaml", gradient_accumulation_steps=1, output_dir=str(root / "two"))
+    assert ktrain("run", str(one)).returncode == 0
+    done = ktrain("run", str(two), "--nproc-per-node", "2")
+    assert done.returncode == 0, done.stderr
+    a, b = records(root / "one"), records(root / "two")
+    assert a.keys() == b.keys() == set(range(1, 7))
+    for step in a:  # fp32; only the order of the gradient sums differs
+        assert b[step] == pytest.approx(a[step], rel=1e-5), step
+
+
+def test_a_rank_that_raises_ends_the_run(root: Path) -> None:
+    config = write_config(root, max_steps=50)
+    started = time.monotonic()
+    done = ktrain("run", str(config), "--nproc-per-node", "2", env={"KTRAIN_FAULT": "forward:2:1:raise"})
+    elapsed = time.monotonic() - started
+    assert done.returncode == 1
+    assert "rank 1 failed" in done.stderr
+    assert "injected fault at forward, step 2, rank 1" in done.stderr
+    assert elapsed < 90
+
+
+def test_output_dir_of_an_earlier_run_is_refused(root: Path) -> None:
+    config = write_config(root, max_steps=1)
+    assert ktrain("run", str(config)).returncode == 0
+    before = _digest(root / "out" / "final" / "model.safetensors")
+    again = ktrain("run", str(config))
+    assert again.returncode == 2
+    assert "output_dir" in again.stderr and "--resume" in again.stderr and "Traceback" not in again.stderr
+    assert _digest(root / "out" / "final" / "model.safetensors") == before
+    assert ktrain("run", str(config), "--overwrite", "--set", "seed=8").returncode == 0
+    assert _digest(root / "out" / "final" / "model.safetensors") != before
