@@ -23,8 +23,17 @@ def model_dir(root: Path, **overrides: Any) -> Path:
     for f in (QUICKSTART / "model").iterdir():
         shutil.copy(f, path / f.name)
     config = json.loads((path / "config.json").read_text())
-    config.update({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-                   "num_key_value_heads": 2, "head_dim": 16, **overrides})
+    config.update(
+        {
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            **overrides,
+        }
+    )
     (path / "config.json").write_text(json.dumps(config, indent=1))
     return path
 

@@ -20,7 +20,11 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML run config")
     p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a key (nested: fsdp_config.offload_params=true; list items: datasets.0.path=x)",
     )
 

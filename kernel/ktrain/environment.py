@@ -7,8 +7,23 @@ import os
 import platform
 import sys
 
-PACKAGES = ("ktrain", "torch", "transformers", "accelerate", "safetensors", "tokenizers", "pluggy", "attrs",
-            "cattrs", "deepspeed", "peft", "bitsandbytes", "liger-kernel", "flash-attn", "triton")
+PACKAGES = (
+    "ktrain",
+    "torch",
+    "transformers",
+    "accelerate",
+    "safetensors",
+    "tokenizers",
+    "pluggy",
+    "attrs",
+    "cattrs",
+    "deepspeed",
+    "peft",
+    "bitsandbytes",
+    "liger-kernel",
+    "flash-attn",
+    "triton",
+)
 
 
 def _version(name: str) -> str:
@@ -32,12 +47,17 @@ def describe_environment() -> str:
         lines.append(f"  CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s)")
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
-            lines.append(f"  cuda:{i} {props.name}, {props.total_memory / 2**30:.0f} GiB, sm_{props.major}{props.minor}")
+            lines.append(
+                f"  cuda:{i} {props.name}, {props.total_memory / 2**30:.0f} GiB, sm_{props.major}{props.minor}"
+            )
     else:
         lines.append(f"  no GPU; CPU with {os.cpu_count()} cores (runs use gloo)")
     lines += ["", "distributed backends:"]
-    for name, available in (("nccl", dist.is_nccl_available()), ("gloo", dist.is_gloo_available()),
-                            ("mpi", dist.is_mpi_available())):
+    for name, available in (
+        ("nccl", dist.is_nccl_available()),
+        ("gloo", dist.is_gloo_available()),
+        ("mpi", dist.is_mpi_available()),
+    ):
         lines.append(f"  {name}: {'yes' if available else 'no'}")
     settings = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_NCCL", "CUDA_VISIBLE", "KTRAIN_"))}
     lines += ["", "settings:"] + ([f"  {k}={v}" for k, v in sorted(settings.items())] or ["  (none set)"])

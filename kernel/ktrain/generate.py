@@ -10,7 +10,9 @@ import torch
 
 
 @torch.no_grad()
-def greedy_answers(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int, batch_size: int = 32) -> list[str]:
+def greedy_answers(
+    model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int, batch_size: int = 32
+) -> list[str]:
     """Answer each user message by greedy decoding after the chat template's generation prompt.
 
     Works on any wrapping of the model (DDP, FSDP: every rank must call it with the same prompts),
@@ -24,8 +26,11 @@ def greedy_answers(model: Any, tokenizer: Any, prompts: list[str], max_new_token
     model.eval()
     for start in range(0, len(prompts), batch_size):
         encoded = [
-            list(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                               tokenize=True, return_dict=True)["input_ids"])
+            list(
+                tokenizer.apply_chat_template(
+                    [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=True
+                )["input_ids"]
+            )
             for p in prompts[start : start + batch_size]
         ]
         width = max(len(e) for e in encoded)

@@ -67,11 +67,27 @@ def _run_ranks(run_dir: Path, nproc: int, args: argparse.Namespace) -> int:
     from torch.distributed.run import get_args_parser
     from torch.distributed.run import run as elastic_run
 
-    argv = ["--nproc-per-node", str(nproc), "--nnodes", str(args.nnodes), "--max-restarts", "0",
-            "--monitor-interval", "0.2"]
+    argv = [
+        "--nproc-per-node",
+        str(nproc),
+        "--nnodes",
+        str(args.nnodes),
+        "--max-restarts",
+        "0",
+        "--monitor-interval",
+        "0.2",
+    ]
     if args.rdzv_endpoint:
-        argv += ["--rdzv-backend", args.rdzv_backend, "--rdzv-endpoint", args.rdzv_endpoint,
-                 "--rdzv-id", args.rdzv_id, "--node-rank", str(args.node_rank)]
+        argv += [
+            "--rdzv-backend",
+            args.rdzv_backend,
+            "--rdzv-endpoint",
+            args.rdzv_endpoint,
+            "--rdzv-id",
+            args.rdzv_id,
+            "--node-rank",
+            str(args.node_rank),
+        ]
     else:
         argv += ["--standalone"]
     argv += ["-m", "ktrain.worker", str(run_dir), *(["--resume"] if args.resume else [])]
@@ -83,8 +99,10 @@ def _run_ranks(run_dir: Path, nproc: int, args: argparse.Namespace) -> int:
         message = failure.message
         if isinstance(message, dict):
             message = message.get("message", message)
-        print(f"ktrain: rank {rank} failed (exit code {failure.exitcode}); the other ranks were stopped.\n"
-              f"  first error: {str(message).strip().splitlines()[-1] if message else 'no message (killed?)'}",
-              file=sys.stderr)
+        print(
+            f"ktrain: rank {rank} failed (exit code {failure.exitcode}); the other ranks were stopped.\n"
+            f"  first error: {str(message).strip().splitlines()[-1] if message else 'no message (killed?)'}",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     return EXIT_OK

@@ -42,9 +42,7 @@ def check_sizes(sizes: dict[str, int], report: Report) -> None:
     """Report sizes that are neither positive nor -1, and more than one -1, naming their keys."""
     for dim, size in sizes.items():
         if size == 0 or size < -1:
-            report.error(
-                KERNEL_DIMS.get(dim, dim), f"must be a positive number of ranks or -1 (the rest), not {size}"
-            )
+            report.error(KERNEL_DIMS.get(dim, dim), f"must be a positive number of ranks or -1 (the rest), not {size}")
     rest = [KERNEL_DIMS.get(dim, dim) for dim, size in sizes.items() if size == -1]
     if len(rest) > 1:
         report.error(", ".join(rest), "only one mesh size may be -1")

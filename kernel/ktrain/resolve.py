@@ -99,8 +99,8 @@ def _check_paths(config: Config, report: Report) -> None:
     for i, entry in enumerate(config.datasets):
         if entry.path and looks_local(entry.path) and not _exists(entry.path):
             report.error(f"datasets[{i}].path", f"{entry.path} does not exist")
-    if config.exact_match_eval and not _exists(config.exact_match_eval):
-        report.error("exact_match_eval", f"{config.exact_match_eval} does not exist")
+    if config.exact_match_eval and not os.path.isfile(config.exact_match_eval):
+        report.error("exact_match_eval", f"{config.exact_match_eval} is not a file")
     out = Path(config.output_dir).expanduser().absolute()
     existing = next((p for p in (out, *out.parents) if os.path.exists(p)), None)
     if existing is not None and (not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK)):

@@ -96,10 +96,17 @@ def prepare_run_dir(plan: Plan, resume: bool, overwrite: bool) -> tuple[Path, IO
 def write_run_files(out: Path, plan: Plan) -> None:
     config = plan.config
     plugins = [
-        {"name": a.plugin.name, "distribution": a.plugin.distribution, "version": a.plugin.version,
-         "roles": list(a.roles), "default": a.default}
+        {
+            "name": a.plugin.name,
+            "distribution": a.plugin.distribution,
+            "version": a.plugin.version,
+            "roles": list(a.roles),
+            "default": a.default,
+        }
         for a in plan.plugins.activations
     ]
-    atomic_write_text(out / RUN_FILE, json.dumps({"ktrain": __version__, "pid": os.getpid(), "plugins": plugins}, indent=1))
+    atomic_write_text(
+        out / RUN_FILE, json.dumps({"ktrain": __version__, "pid": os.getpid(), "plugins": plugins}, indent=1)
+    )
     atomic_write_text(out / "config.yaml", config.to_yaml(only_present=True))
     atomic_write_text(out / "config.resolved.yaml", config.to_yaml())

@@ -18,15 +18,18 @@ import transformers
 
 from ktrain import hookimpl
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def attention_implementation(config: Any) -> str:
     """The attention implementation the config asks for, after the fallbacks this machine needs."""
     wanted = config.attn_implementation or (
-        "flash_attention_2" if config.flash_attention
-        else "flex_attention" if config.flex_attention
-        else "sdpa"
+        "flash_attention_2" if config.flash_attention else "flex_attention" if config.flex_attention else "sdpa"
     )
     if wanted == "flash_attention_2" and (
         importlib.util.find_spec("flash_attn") is None or not torch.cuda.is_available()

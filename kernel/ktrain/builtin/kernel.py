@@ -5,6 +5,7 @@ Like every entry module it imports nothing heavy; the factories it registers are
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ktrain import hookimpl
@@ -107,7 +108,7 @@ def _check_run(config: Any, report: Any) -> None:
 @hookimpl
 def ktrain_activate(config: Any, activate) -> None:
     """The exact-match evaluation takes part when ``exact_match_eval`` names a file."""
-    if config.exact_match_eval:
+    if config.exact_match_eval and os.path.isfile(config.exact_match_eval):  # else resolve reports the key
         from ktrain.builtin.exact_match import ExactMatch
 
         activate(ExactMatch(config), keys=("exact_match_eval",))

@@ -65,7 +65,7 @@ def _union_hook(conv: cattrs.Converter):
         for member in real:
             try:
                 return conv.structure(value, member)
-            except Exception:  # noqa: S112 - try the next member of the union
+            except Exception:
                 continue
         wanted = " or ".join(_type_name(m) for m in members)
         raise TypeError(f"expected {wanted}, got {type(value).__name__} {value!r}")

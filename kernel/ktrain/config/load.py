@@ -70,9 +70,7 @@ def load_config(
     for section in sections:
         for f in attrs.fields(section.cls):
             if f.name in owner_of and owner_of[f.name].owner != section.owner:
-                report.error(
-                    f.name, f"declared by two plugins, '{owner_of[f.name].owner}' and '{section.owner}'"
-                )
+                report.error(f.name, f"declared by two plugins, '{owner_of[f.name].owner}' and '{section.owner}'")
             owner_of[f.name] = section
     parts: dict[type, dict[str, Any]] = {s.cls: {} for s in sections}
     for name, value in data.items():

@@ -25,9 +25,7 @@ class Config:
     _values: dict[str, Any] = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        self._values = {
-            f.name: getattr(obj, f.name) for obj in self.sections.values() for f in attrs.fields(type(obj))
-        }
+        self._values = {f.name: getattr(obj, f.name) for obj in self.sections.values() for f in attrs.fields(type(obj))}
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):

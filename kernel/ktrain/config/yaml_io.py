@@ -59,7 +59,7 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _constru
 def parse_scalar(text: str) -> Any:
     """Parse one ``--set`` value as YAML (``true``, ``2e-5``, ``[a, b]``), the way the file would."""
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError:
         return text
 
@@ -79,7 +79,7 @@ def load_yaml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
         raise ConfigError.single("", f"cannot read config file {source}: {e}", source) from None
     try:
         node = yaml.compose(text, Loader=_Loader)
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""

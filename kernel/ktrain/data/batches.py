@@ -48,7 +48,10 @@ class BatchPlan:
         start = index * self.rows_per_step
         rows = self.order(epoch)[start : start + self.rows_per_step]
         return [
-            [rows[(k * self.dp_size + r) * self.micro : (k * self.dp_size + r + 1) * self.micro] for k in range(self.accum)]
+            [
+                rows[(k * self.dp_size + r) * self.micro : (k * self.dp_size + r + 1) * self.micro]
+                for k in range(self.accum)
+            ]
             for r in range(self.dp_size)
         ]
 

@@ -64,7 +64,7 @@ def tokenize_all(config: Any, tokenizer: Any, formats: Registry) -> Examples:
     if config.shuffle_merged_datasets:
         random.Random(config.seed).shuffle(order)
     size = config.val_set_size
-    n_eval = int(size) if size >= 1 else int(round(size * len(examples)))
+    n_eval = int(size) if size >= 1 else round(size * len(examples))
     if n_eval >= len(examples):
         raise DataError(f"val_set_size: {size} leaves no training rows out of {len(examples)}")
     eval_set = [examples[j] for j in order[:n_eval]]

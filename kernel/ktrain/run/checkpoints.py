@@ -90,9 +90,7 @@ def save(run: Run, engine: Any, step: int, trainer_state: dict[str, Any]) -> Pat
             "mesh": run.mesh.dims,
             "step": step,
             "trainer": trainer_state,
-            "files": {
-                str(p.relative_to(staging)): p.stat().st_size for p in sorted(staging.rglob("*")) if p.is_file()
-            },
+            "files": {str(p.relative_to(staging)): p.stat().st_size for p in sorted(staging.rglob("*")) if p.is_file()},
         }
         atomic_write_text(staging / MANIFEST, json.dumps(manifest, indent=1))
         fsync_tree(staging)

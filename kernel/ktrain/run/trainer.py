@@ -162,8 +162,11 @@ class Trainer:
         self.pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
         self.dp_rank = run.dp_rank()
         self.plan = BatchPlan(
-            len(examples.train), config.micro_batch_size, config.gradient_accumulation_steps,
-            run.mesh.dp_size, config.seed,
+            len(examples.train),
+            config.micro_batch_size,
+            config.gradient_accumulation_steps,
+            run.mesh.dp_size,
+            config.seed,
         )
         total = self._total_steps(self.plan)
 
@@ -180,9 +183,13 @@ class Trainer:
             self.engine.scaler = torch.amp.GradScaler(run.device.type)
         self.step_fn = chain(run, "ktrain_wrap_train_step", "step", self._forward)
         start = 0
-        point = checkpoints.find_resume_point(
-            run, config.resume_from_checkpoint, required=resume and not config.auto_resume_from_checkpoints
-        ) if (resume or config.resume_from_checkpoint or config.auto_resume_from_checkpoints) else None
+        point = (
+            checkpoints.find_resume_point(
+                run, config.resume_from_checkpoint, required=resume and not config.auto_resume_from_checkpoints
+            )
+            if (resume or config.resume_from_checkpoint or config.auto_resume_from_checkpoints)
+            else None
+        )
         if point is not None:
             state = checkpoints.load(run, self.engine, point)
             start, self.tokens_seen = state["step"], state.get("tokens_seen", 0)
@@ -202,9 +209,14 @@ class Trainer:
 
     def _loop(self, start: int, total: int, examples: Examples) -> dict[str, float]:
         run, config = self.run, self.config
-        save_every = None if config.save_strategy == "no" else self._every(
-            config.save_steps, config.saves_per_epoch or (1 if config.save_strategy == "epoch" else None),
-            self.plan.steps_per_epoch,
+        save_every = (
+            None
+            if config.save_strategy == "no"
+            else self._every(
+                config.save_steps,
+                config.saves_per_epoch or (1 if config.save_strategy == "epoch" else None),
+                self.plan.steps_per_epoch,
+            )
         )
         eval_every = self._every(config.eval_steps, config.evals_per_epoch, self.plan.steps_per_epoch)
         seq_flops = flops_per_token(self.engine.model, config.sequence_len)
@@ -269,13 +281,17 @@ class Trainer:
         distributed.barrier()
 
 
-def rank_main(run_dir: Path, resume: bool) -> None:
-    """Everything one rank does: read the plan, start the process group, train, shut down."""
+def rank_main(run_dir: Path, resume: bool, extra_plugins: tuple = ()) -> dict[str, float]:
+    """Everything one rank does: read the plan, start the process group, train, shut down.
+
+    ``extra_plugins`` are ``(name, object)`` pairs registered as if installed (benchmarks, tests).
+    Returns the final metrics.
+    """
     from ktrain.resolve import prepare
     from ktrain.run_dir import lock_workers
 
     rank, local_rank, world = distributed.rank_env()
-    plan = prepare(run_dir / "config.yaml", world_size=world, with_defaults=True)
+    plan = prepare(run_dir / "config.yaml", world_size=world, with_defaults=True, extra_plugins=extra_plugins)
     lock = lock_workers(run_dir)
     device = distributed.pick_device(local_rank)
     torch.manual_seed(plan.config.seed)
@@ -283,11 +299,17 @@ def rank_main(run_dir: Path, resume: bool) -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     run = Run(
-        plan=plan, output_dir=run_dir, rank=rank, local_rank=local_rank, world_size=world, device=device,
-        device_mesh=distributed.init(plan.mesh, device), compute_dtype=compute_dtype(plan.config, device),
+        plan=plan,
+        output_dir=run_dir,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        device=device,
+        device_mesh=distributed.init(plan.mesh, device),
+        compute_dtype=compute_dtype(plan.config, device),
     )
     try:
-        Trainer(run).fit(resume)
+        return Trainer(run).fit(resume)
     except BaseException as e:
         run.hook.ktrain_on_exception(run=run, error=e)
         raise
