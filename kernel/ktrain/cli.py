@@ -45,6 +45,7 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
 def _configure_check(p: argparse.ArgumentParser) -> None:
     _add_config_args(p)
     p.add_argument("--world-size", type=int, default=None, help="resolve the mesh for this many ranks")
+    p.add_argument("--all", action="store_true", help="print every key, not only those set")
 
 
 def _configure_generate(p: argparse.ArgumentParser) -> None:
@@ -68,7 +69,7 @@ def _check(args: argparse.Namespace) -> int:
     from ktrain.resolve import prepare
 
     plan = prepare(args.config, args.overrides, world_size=args.world_size)
-    print(describe_plan(plan))
+    print(describe_plan(plan, every_key=args.all))
     return EXIT_OK
 
 

@@ -56,7 +56,7 @@ def _run_here(run_dir: Path, resume: bool) -> int:
 
     try:
         rank_main(run_dir, resume)
-    except (DataError, FileNotFoundError) as e:
+    except (ConfigError, DataError, FileNotFoundError) as e:
         print(f"ktrain: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return EXIT_OK

@@ -17,11 +17,13 @@ def _value(value: object) -> str:
     return text if len(text) <= 70 else text[:67] + "..."
 
 
-def describe_plan(plan: Plan) -> str:
+def describe_plan(plan: Plan, every_key: bool = False) -> str:
     """The resolved config (value, owner, origin), the active plugins with their roles, and the mesh."""
     config = plan.config
-    lines = [f"config {config.source}: OK", "", "keys set (value, owner, from):"]
-    for key in sorted(config.present):
+    shown = sorted(config.owners) if every_key else sorted(config.present)
+    title = "every key" if every_key else "keys set (--all shows every key)"
+    lines = [f"config {config.source}: OK", "", f"{title} (value, owner, from):"]
+    for key in shown:
         lines.append(f"  {key} = {_value(getattr(config, key))}    [{config.owners[key]}; {config.origins[key]}]")
     lines += ["", "plugins in this run (roles):"]
     for act in plan.plugins.activations:

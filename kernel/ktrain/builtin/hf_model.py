@@ -17,6 +17,7 @@ import torch
 import transformers
 
 from ktrain import hookimpl
+from ktrain.config.report import ConfigError
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -52,7 +53,11 @@ class HFModel:
     def ktrain_load_tokenizer(self, run: Any) -> Any:
         cfg = self.config
         source = cfg.tokenizer_config or cfg.base_model
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+        except OSError as e:
+            key = "tokenizer_config" if cfg.tokenizer_config else "base_model"
+            raise ConfigError.single(key, f"cannot load a tokenizer from {source}: {e}") from None
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         return tokenizer
@@ -75,7 +80,14 @@ class HFModel:
                     f"base_model: {local} has no weights ({', '.join(WEIGHT_FILES[::2])}); "
                     f"set random_init_weights: true to train from random weights"
                 )
-            model = auto.from_pretrained(cfg.base_model, trust_remote_code=cfg.trust_remote_code, **kwargs)
+            try:
+                model = auto.from_pretrained(cfg.base_model, trust_remote_code=cfg.trust_remote_code, **kwargs)
+            except OSError as e:
+                raise ConfigError.single(
+                    "base_model",
+                    f"cannot load {cfg.base_model}: {e}. Give a local model folder, or a hub id "
+                    "with the network (or the hub cache) available.",
+                ) from None
         model.config.use_cache = False
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(

@@ -73,13 +73,18 @@ def load_config(
                 report.error(f.name, f"declared by two plugins, '{owner_of[f.name].owner}' and '{section.owner}'")
             owner_of[f.name] = section
     parts: dict[type, dict[str, Any]] = {s.cls: {} for s in sections}
+    missing: dict[str, list[str]] = {}
     for name, value in data.items():
         if not isinstance(name, str):
             report.error(str(name), "keys must be strings")
         elif name in owner_of:
             parts[owner_of[name].cls][name] = value
+        elif (dist := _missing_plugin(name, installed or set())) is not None:
+            missing.setdefault(dist, []).append(name)
         else:
-            report.error(name, _unknown_key_message(name, list(owner_of), installed or set()))
+            report.error(name, _unknown_key_message(name, list(owner_of)))
+    for dist, names in missing.items():
+        report.error(", ".join(names), f"belong to the plugin {dist}, which is not installed: `pip install {dist}`")
     converter = make_converter()
     structured: dict[type, Any] = {}
     for cls, part in parts.items():
@@ -100,10 +105,12 @@ def load_config(
     )
 
 
-def _unknown_key_message(name: str, known: list[str], installed: set[str]) -> str:
-    for dist, keys in PLUGIN_KEYS.items():
-        if name in keys and dist not in installed:
-            return f"belongs to the plugin {dist}, which is not installed: `pip install {dist}`"
+def _missing_plugin(name: str, installed: set[str]) -> str | None:
+    """The first-party distribution that owns ``name`` when it is not installed."""
+    return next((dist for dist, keys in PLUGIN_KEYS.items() if name in keys and dist not in installed), None)
+
+
+def _unknown_key_message(name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
     hint = f"; did you mean '{close[0]}'?" if close else "; `ktrain keys` lists every key"
     return f"unknown key{hint}"

@@ -1,0 +1,48 @@
+"""The seed article's configs (../shared/compat/seed/): each passes `ktrain check`, or stops at once naming
+the plugin distribution its keys need, when that plugin is not installed."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from pathlib import Path
+
+import pytest
+
+from ktrain.cli import main
+from tests.kit import QUICKSTART, REPO
+
+SEED = REPO.parent / "shared" / "compat" / "seed"
+CONFIGS = sorted(SEED.glob("*.yaml"))
+OVERRIDES = [
+    "--set", f"base_model={QUICKSTART / 'model'}",
+    "--set", f"datasets=[{{path: {QUICKSTART / 'data' / 'train.jsonl'}, type: chat_template}}]",
+]  # fmt: skip
+
+
+def _installed(dist: str) -> bool:
+    try:
+        importlib.metadata.distribution(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def test_the_seed_configs_are_there() -> None:
+    assert len(CONFIGS) == 8, f"expected the article's 8 configs in {SEED}"
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_seed_config_checks_or_names_the_missing_plugin(config: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # output_dir: ./outputs/... stays in tmp_path
+    code = main(["check", str(config), *OVERRIDES])
+    err = capsys.readouterr().err
+    if code == 0:
+        return
+    assert code == 2
+    problems = [line for line in err.splitlines() if line.startswith("  - ")]
+    assert problems, err
+    for line in problems:
+        found = re.search(r"belong to the plugin (ktrain-plugin-[a-z]+), which is not installed", line)
+        assert found, f"{config.name}: a problem that is not a missing plugin: {line}"
+        assert not _installed(found.group(1))
