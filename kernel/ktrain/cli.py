@@ -168,6 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PluginError as e:
         print(f"ktrain: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # `ktrain hooks | head`
+        sys.stderr.close()
+        return EXIT_OK
     except KeyboardInterrupt:
         print("ktrain: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

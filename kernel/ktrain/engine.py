@@ -15,6 +15,14 @@ from typing import Any
 import torch
 
 
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Optimizer parameter groups: decay on matrices (2-D and up) only, not on biases and norm weights."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    rest = [p for p in params if p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
 class Engine:
     """A sharded (or plain) model with its optimizer and scheduler, as the loop drives it.
 

@@ -8,7 +8,7 @@ import attrs
 
 from ktrain import hookspecs
 from ktrain.config.model import Config
-from ktrain.plugins import Plugins
+from ktrain.plugins import DEFAULT_OWNERS, Plugins
 from ktrain.resolve import Plan
 
 
@@ -61,6 +61,8 @@ def describe_plugins(plugins: Plugins) -> str:
         roles = getattr(info.module, "KTRAIN_ROLES", ())
         if roles:
             lines.append(f"  roles it can claim: {', '.join(roles)}")
+    lines.append("kernel defaults, for roles no plugin claims:")
+    lines += [f"  {role}: {target}" for role, target in DEFAULT_OWNERS.items()]
     return "\n".join(lines)
 
 

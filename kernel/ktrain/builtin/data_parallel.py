@@ -6,19 +6,10 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ktrain import hookimpl
-from ktrain.engine import Engine
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay on matrices (2-D and up) only; biases and norm weights are left alone."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    rest = [p for p in params if p.ndim < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+from ktrain.engine import Engine, param_groups
 
 
 class DataParallelEngine(Engine):
@@ -43,8 +34,9 @@ class DataParallel:
     def ktrain_shard(self, model: Any, run: Any, build_optimizer: Any, build_lr_scheduler: Any) -> Engine:
         model.to(run.device)
         module = model
-        if run.world_size > 1:
+        if run.mesh.dp_size > 1:
             ids = [run.device.index] if run.device.type == "cuda" else None
-            module = DistributedDataParallel(model, device_ids=ids)
+            group = run.device_mesh["dp_replicate"].get_group() if run.world_size > run.mesh.dp_size else None
+            module = DistributedDataParallel(model, device_ids=ids, process_group=group)
         optimizer = build_optimizer(param_groups(model, self.config.weight_decay))
         return DataParallelEngine(module, model, optimizer, build_lr_scheduler(optimizer), self.config.max_grad_norm)
