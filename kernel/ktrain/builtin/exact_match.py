@@ -15,22 +15,38 @@ from ktrain import hookimpl
 
 
 def load_questions(path: str, limit: int) -> list[tuple[str, str]]:
-    """(user message, expected answer) pairs from a chat jsonl file."""
+    """(user message, expected answer) pairs from a chat jsonl file; ValueError names the bad line."""
     pairs = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.strip():
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
             messages = json.loads(line)["messages"]
             user = next(m["content"] for m in messages if m["role"] == "user")
             answer = [m["content"] for m in messages if m["role"] == "assistant"][-1]
-            pairs.append((user, answer.strip()))
-    return pairs[:limit]
+        except (ValueError, KeyError, TypeError, IndexError, StopIteration):
+            raise ValueError(
+                f'line {number} is not a chat row with a user and an assistant message ({{"messages": [...]}})'
+            ) from None
+        pairs.append((user, answer.strip()))
+        if len(pairs) == limit:
+            break
+    return pairs
 
 
 class ExactMatch:
     """Scores the model at train start and train end."""
 
     def __init__(self, config: Any):
-        self.questions = load_questions(config.exact_match_eval, config.exact_match_samples)
+        self.config = config
+        self.questions: list[tuple[str, str]] = []
+
+    @hookimpl
+    def ktrain_validate_config(self, config: Any, report: Any) -> None:
+        try:
+            self.questions = load_questions(config.exact_match_eval, config.exact_match_samples)
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            report.error("exact_match_eval", f"{config.exact_match_eval}: {e}")
 
     def score(self, run: Any, engine: Any, when: str) -> float:
         from ktrain.generate import greedy_answers

@@ -56,7 +56,13 @@ def ktrain_validate_config(config: Any, report: Any) -> None:
 
 
 def _check_batch(config: Any, report: Any) -> None:
-    for name in ("micro_batch_size", "gradient_accumulation_steps", "sequence_len", "logging_steps"):
+    for name in (
+        "micro_batch_size",
+        "gradient_accumulation_steps",
+        "sequence_len",
+        "logging_steps",
+        "exact_match_samples",
+    ):
         if getattr(config, name) < 1:
             report.error(name, f"must be at least 1, not {getattr(config, name)}")
     for name in ("max_steps", "eval_steps", "save_steps", "saves_per_epoch", "evals_per_epoch", "save_total_limit"):
@@ -75,7 +81,9 @@ def _check_batch(config: Any, report: Any) -> None:
         report.error("val_set_size", f"must not be negative, not {config.val_set_size}")
     if (config.eval_steps or config.evals_per_epoch) and config.val_set_size == 0:
         report.warn("eval_steps", "evaluation needs a held-out split: set val_set_size; nothing is evaluated")
-    if not config.datasets and config.max_steps is None:
+    if not config.output_dir.strip():
+        report.error("output_dir", "must name a folder (for the current one, write ./)")
+    if not config.datasets:
         report.error("datasets", "no training data: add a `datasets:` list (path and type of each)")
     for i, entry in enumerate(config.datasets):
         if not entry.path:

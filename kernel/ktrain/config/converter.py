@@ -8,6 +8,7 @@ and an int is accepted where a float is expected (``learning_rate: 1`` means 1.0
 from __future__ import annotations
 
 import difflib
+import math
 import types
 import typing
 from typing import Any
@@ -34,6 +35,8 @@ def _strict(kind: type):
             return float(value)
         if not ok:
             raise TypeError(f"expected {_NAMES[kind]}, got {type(value).__name__} {value!r}")
+        if kind is float and not math.isfinite(value):
+            raise ValueError(f"expected a finite number, got {value!r}")
         return value
 
     return structure

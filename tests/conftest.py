@@ -1,0 +1,38 @@
+"""Fixtures shared by the kernel's tests: a tiny local model folder and a tiny chat dataset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local HF model folder (config.json of a tiny Llama) that ``base_model`` can point at."""
+    from transformers import LlamaConfig
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    LlamaConfig(
+        vocab_size=128,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    ).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_jsonl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A two-row jsonl file in the ``chat_template`` format (a ``messages`` list per row)."""
+    path = tmp_path_factory.mktemp("data") / "chat.jsonl"
+    rows = [
+        {"messages": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}]},
+        {"messages": [{"role": "user", "content": "What is 3+5?"}, {"role": "assistant", "content": "8"}]},
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path

@@ -1,0 +1,375 @@
+"""The plugin contract: one owner per role, no hook that does not exist, and the kernel's defaults.
+
+Plugins are registered in process through ``prepare(..., extra_plugins=[(name, module)])``; one test
+installs two fake distributions (a module and its .dist-info with an entry point) on PYTHONPATH and runs
+the real ``ktrain check`` on them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import attrs
+import pluggy
+import pytest
+import yaml
+
+import ktrain
+from ktrain import hookimpl, hookspecs
+from ktrain.cli import EXIT_BAD_INPUT, main
+from ktrain.config.report import ConfigError
+from ktrain.plugins import DEFAULT_OWNERS, PluginError, discover
+from ktrain.resolve import prepare
+
+BUILTIN = Path(ktrain.__file__).parent / "builtin"
+
+
+def plugin(name: str, *objects: object, **hooks: object) -> types.ModuleType:
+    """An entry module named ``name`` holding ``hooks`` (functions, marked as hook implementations)."""
+    module = types.ModuleType(name)
+    for hook_name, function in hooks.items():
+        setattr(module, hook_name, hookimpl(function))
+    for obj in objects:
+        setattr(module, obj.__name__, obj)
+    return module
+
+
+def switch(key: str) -> type:
+    """An attrs section with one boolean key, as a plugin declares its config."""
+    return attrs.make_class(f"{key.title()}Keys", {key: attrs.field(default=False, metadata={"help": "on"})})
+
+
+def claiming(name: str, key: str, roles: tuple[str, ...]) -> types.ModuleType:
+    """A plugin with the key ``key`` that, when the key is true, activates an object claiming ``roles``."""
+    section = switch(key)
+
+    def ktrain_register_config(register):
+        register(section)
+
+    def ktrain_activate(config, activate):
+        if getattr(config, key):
+            activate(types.SimpleNamespace(), roles=roles, keys=(key,))
+
+    return plugin(name, ktrain_register_config=ktrain_register_config, ktrain_activate=ktrain_activate)
+
+
+@pytest.fixture
+def config(tmp_path: Path, tiny_model_dir: Path, tiny_chat_jsonl: Path):
+    """Write a good config with ``extra`` keys and return its path."""
+
+    def write(**extra: object) -> Path:
+        data = {
+            "base_model": str(tiny_model_dir),
+            "datasets": [{"path": str(tiny_chat_jsonl), "type": "chat_template"}],
+            "output_dir": str(tmp_path / "out"),
+            **extra,
+        }
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump(data), encoding="utf-8")
+        return path
+
+    return write
+
+
+# ---------------------------------------------------------------------------------------------------
+# (a) one owner per role
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_two_plugins_claiming_one_role_name_both_and_their_keys(config) -> None:
+    plugins = [
+        ("fsdp_like", claiming("fsdp_like", "shard_a", ("sharding",))),
+        ("zero_like", claiming("zero_like", "shard_b", ("sharding",))),
+    ]
+    with pytest.raises(PluginError) as info:
+        prepare(config(shard_a=True, shard_b=True), extra_plugins=plugins)
+    message = str(info.value)
+    assert "'sharding'" in message
+    assert "'fsdp_like'" in message and "'zero_like'" in message
+    assert "shard_a" in message and "shard_b" in message
+    assert "(registered in process)" in message  # where the distribution and version go
+
+
+def test_one_claim_is_fine_and_replaces_the_default(config) -> None:
+    plugins = [
+        ("fsdp_like", claiming("fsdp_like", "shard_a", ("sharding",))),
+        ("zero_like", claiming("zero_like", "shard_b", ("sharding",))),
+    ]
+    plan = prepare(config(shard_a=True), extra_plugins=plugins)
+    owner = plan.plugins.role_owners()["sharding"]
+    assert (owner.plugin.name, owner.keys, owner.default) == ("fsdp_like", ("shard_a",), False)
+
+
+def test_cli_prints_a_role_conflict_and_exits_2(config, monkeypatch, capsys) -> None:
+    import ktrain.resolve
+
+    extra = [
+        ("fsdp_like", claiming("fsdp_like", "shard_a", ("sharding",))),
+        ("zero_like", claiming("zero_like", "shard_b", ("sharding",))),
+    ]
+    monkeypatch.setattr(ktrain.resolve, "discover", lambda more=(): discover([*extra, *more]))
+    code = main(["check", str(config(shard_a=True, shard_b=True))])
+    err = capsys.readouterr().err
+    assert code == EXIT_BAD_INPUT
+    assert err.startswith("ktrain: two plugins claim the role 'sharding'")
+    assert "Traceback" not in err
+
+
+FAKE_PLUGIN = """
+import types
+
+import attrs
+
+from ktrain import hookimpl
+
+
+@attrs.define(kw_only=True)
+class Keys:
+    {key}: bool = attrs.field(default=False, metadata={{"help": "turn on"}})
+
+
+@hookimpl
+def ktrain_register_config(register):
+    register(Keys)
+
+
+@hookimpl
+def ktrain_activate(config, activate):
+    if config.{key}:
+        activate(types.SimpleNamespace(), roles=("sharding",), keys=("{key}",))
+"""
+
+
+def _install_fake(site: Path, dist: str, version: str, module: str, source: str) -> None:
+    (site / f"{module}.py").write_text(source, encoding="utf-8")
+    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text(f"[ktrain]\n{module} = {module}\n", encoding="utf-8")
+
+
+def _check_with(site: Path, config_path: Path) -> subprocess.CompletedProcess:
+    path = [str(site), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    return subprocess.run(
+        [sys.executable, "-m", "ktrain.cli", "check", str(config_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_installed_plugins_conflict_names_distributions_and_versions(tmp_path, config) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    _install_fake(site, "ktrain-plugin-fake-a", "0.1", "fake_a", FAKE_PLUGIN.format(key="fake_a"))
+    _install_fake(site, "ktrain-plugin-fake-b", "0.2", "fake_b", FAKE_PLUGIN.format(key="fake_b"))
+    done = _check_with(site, config(fake_a=True))
+    assert done.returncode == 0, done.stderr
+    assert "sharding: 'fake_a' (ktrain-plugin-fake-a 0.1); enabled by fake_a" in done.stdout
+    done = _check_with(site, config(fake_a=True, fake_b=True))
+    assert done.returncode == EXIT_BAD_INPUT
+    assert "Traceback" not in done.stderr
+    for text in ("role 'sharding'", "ktrain-plugin-fake-a 0.1", "ktrain-plugin-fake-b 0.2", "fake_a", "fake_b"):
+        assert text in done.stderr
+
+
+def test_installed_plugin_that_fails_to_import_names_its_distribution(tmp_path, config) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    _install_fake(site, "ktrain-plugin-broken", "1.0", "broken", "import no_such_module_anywhere\n")
+    done = _check_with(site, config())
+    assert done.returncode == EXIT_BAD_INPUT
+    assert "Traceback" not in done.stderr
+    assert "ktrain-plugin-broken 1.0 failed to load" in done.stderr
+    assert "pip uninstall ktrain-plugin-broken" in done.stderr
+
+
+def test_registering_one_name_twice_names_both_plugins(config) -> None:
+    def ktrain_register_optimizers(register):
+        register("adamw_torch", object())
+
+    copycat = plugin("copycat", ktrain_register_optimizers=ktrain_register_optimizers)
+    with pytest.raises(PluginError, match="optimizer 'adamw_torch' is registered by two plugins") as info:
+        prepare(config(), extra_plugins=[("copycat", copycat)])
+    assert "'kernel' (ktrain " in str(info.value) and "'copycat'" in str(info.value)
+
+
+def test_a_key_declared_twice_names_both_owners(config) -> None:
+    section = attrs.make_class("Clash", {"micro_batch_size": attrs.field(default=1)})
+
+    def ktrain_register_config(register):
+        register(section)
+
+    clash = plugin("clash", ktrain_register_config=ktrain_register_config)
+    with pytest.raises(ConfigError, match="micro_batch_size: declared by two plugins") as info:
+        prepare(config(), extra_plugins=[("clash", clash)])
+    assert "'kernel'" in str(info.value) and "'clash'" in str(info.value)
+
+
+def test_a_mesh_dimension_needs_an_owner(config) -> None:
+    with pytest.raises(ConfigError, match="tensor_parallel_size: no active plugin parallelizes the 'tp' dimension"):
+        prepare(config(tensor_parallel_size=2))
+    tp = claiming("tp_plugin", "tp_on", ("mesh:tp",))
+    plan = prepare(config(tensor_parallel_size=2, tp_on=True), world_size=4, extra_plugins=[("tp_plugin", tp)])
+    assert plan.mesh.dims == {"dp_replicate": 2, "dp_shard": 1, "cp": 1, "tp": 2}
+
+
+def test_plugin_mesh_dimensions_join_the_mesh(config) -> None:
+    ep = claiming("ep_plugin", "ep_on", ("mesh:ep",))
+    ep.ktrain_collect_mesh_dims = hookimpl(lambda config: {"ep": 2} if config.ep_on else None)
+    plan = prepare(config(ep_on=True), world_size=2, extra_plugins=[("ep_plugin", ep)])
+    assert plan.mesh.dims["ep"] == 2 and plan.mesh.world_size == 2
+    ep.ktrain_collect_mesh_dims = hookimpl(lambda config: {"tp": 2})
+    with pytest.raises(ConfigError, match="tp: mesh dimension declared twice"):
+        prepare(config(ep_on=True), extra_plugins=[("ep_plugin", ep)])
+
+
+# ---------------------------------------------------------------------------------------------------
+# (b) hooks that do not exist
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_misspelled_hook_in_an_entry_module_fails_at_discover() -> None:
+    def ktrain_wrap_modle(model, run):
+        return None
+
+    with pytest.raises(PluginError) as info:
+        discover([("typo", plugin("typo", ktrain_wrap_modle=ktrain_wrap_modle))])
+    message = str(info.value)
+    assert "'typo'" in message and "'ktrain_wrap_modle'" in message
+    assert "did you mean 'ktrain_wrap_model'" in message
+
+
+def test_misspelled_hook_in_a_runtime_object_fails_at_activation(config) -> None:
+    class Runtime:
+        @hookimpl
+        def ktrain_on_step_ends(self, run, step, metrics):
+            return None
+
+    def ktrain_activate(config, activate):
+        activate(Runtime(), roles=("op:fake",))
+
+    with pytest.raises(PluginError, match=r"'late_typo'.*'ktrain_on_step_ends'.*did you mean 'ktrain_on_step_end'"):
+        prepare(config(), extra_plugins=[("late_typo", plugin("late_typo", ktrain_activate=ktrain_activate))])
+
+
+def test_hook_asking_for_an_argument_that_does_not_exist_fails_at_discover() -> None:
+    def ktrain_wrap_model(model, run, optimizer):
+        return None
+
+    with pytest.raises(PluginError, match=r"(?s)'extra_arg'.*ktrain_wrap_model.*'optimizer'"):
+        discover([("extra_arg", plugin("extra_arg", ktrain_wrap_model=ktrain_wrap_model))])
+
+
+def test_runtime_object_with_a_bad_signature_fails_at_activation(config) -> None:
+    class Runtime:
+        @hookimpl
+        def ktrain_on_step_end(self, run, step, metrics, loss):
+            return None
+
+    def ktrain_activate(config, activate):
+        activate(Runtime())
+
+    with pytest.raises(PluginError, match=r"(?s)'bad_sig'.*ktrain_on_step_end.*'loss'"):
+        prepare(config(), extra_plugins=[("bad_sig", plugin("bad_sig", ktrain_activate=ktrain_activate))])
+
+
+def test_cli_prints_a_misspelled_hook_and_exits_2(config, monkeypatch, capsys) -> None:
+    import ktrain.resolve
+
+    typo = plugin("typo", ktrain_wrap_modle=lambda model, run: None)
+    monkeypatch.setattr(ktrain.resolve, "discover", lambda more=(): discover([("typo", typo), *more]))
+    code = main(["check", str(config())])
+    err = capsys.readouterr().err
+    assert code == EXIT_BAD_INPUT
+    assert "ktrain_wrap_modle" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------------------------------
+# (c) the kernel's own hook implementations
+# ---------------------------------------------------------------------------------------------------
+
+
+def _builtin_modules() -> list[str]:
+    return sorted(f"ktrain.builtin.{p.stem}" for p in BUILTIN.glob("*.py") if p.stem != "__init__")
+
+
+def _implementers(module: types.ModuleType) -> list[object]:
+    """The module itself and every class defined in it that carries hook implementations."""
+    found: list[object] = [module]
+    for _, cls in inspect.getmembers(module, inspect.isclass):
+        if cls.__module__ == module.__name__ and any(hasattr(v, "ktrain_impl") for v in vars(cls).values()):
+            found.append(cls)
+    return found
+
+
+def test_discover_checks_the_kernel_entry_module() -> None:
+    plugins = discover()
+    assert plugins.infos[0].name == "kernel"
+    plugins.pm.check_pending()
+
+
+@pytest.mark.parametrize("name", _builtin_modules())
+def test_builtin_hook_implementations_match_their_specs(name: str) -> None:
+    for obj in _implementers(importlib.import_module(name)):
+        pm = pluggy.PluginManager(ktrain.PROJECT)
+        pm.add_hookspecs(hookspecs)
+        pm.register(obj)  # validates every implementation's arguments against its spec
+        pm.check_pending()  # and that every hook it implements exists
+
+
+def test_default_owners_register_and_pass_the_check(config) -> None:
+    plan = prepare(config(), with_defaults=True)
+    plan.plugins.pm.check_pending()
+    owners = plan.plugins.role_owners()
+    assert set(DEFAULT_OWNERS) <= set(owners)
+    for role, target in DEFAULT_OWNERS.items():
+        module_name, attr = target.split(":")
+        assert type(owners[role].obj) is getattr(importlib.import_module(module_name), attr)
+
+
+# ---------------------------------------------------------------------------------------------------
+# (d) the kernel's defaults own what nobody claimed
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_unclaimed_roles_are_listed_with_the_default_owner(config) -> None:
+    plan = prepare(config(), with_defaults=False)
+    owners = plan.plugins.role_owners()
+    assert {role: act.obj for role, act in owners.items()} == DEFAULT_OWNERS
+    assert all(act.default and act.plugin.name == "kernel" for act in owners.values())
+
+
+def test_a_claimed_role_leaves_the_others_to_the_defaults(config) -> None:
+    plugins = [("fsdp_like", claiming("fsdp_like", "shard_a", ("sharding", "checkpoint_format")))]
+    plan = prepare(config(shard_a=True), with_defaults=False, extra_plugins=plugins)
+    owners = plan.plugins.role_owners()
+    claimed = {"sharding", "checkpoint_format"}
+    assert {role for role, act in owners.items() if not act.default} == claimed
+    assert {role: act.obj for role, act in owners.items() if act.default} == {
+        role: target for role, target in DEFAULT_OWNERS.items() if role not in claimed
+    }
+
+
+def test_check_lists_the_owner_of_every_role(config, capsys) -> None:
+    assert main(["check", str(config())]) == 0
+    out = capsys.readouterr().out
+    for role, target in DEFAULT_OWNERS.items():
+        assert f"  {role}: kernel default {target}" in out
+
+
+def test_hookspec_docstrings_name_the_role_of_every_firstresult_hook() -> None:
+    roles = {"model_loader", "sharding", "optimizer", "lr_scheduler", "checkpoint_format", "export"}
+    for name, spec in vars(hookspecs).items():
+        if name.startswith("ktrain_") and spec.ktrain_spec["firstresult"]:
+            doc = textwrap.dedent(spec.__doc__ or "")
+            assert any(f"``{role}``" in doc for role in roles), name
