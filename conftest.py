@@ -36,3 +36,15 @@ def tiny_chat_jsonl(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     return path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``gpu`` where there is no CUDA device, with a reason the summary prints."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: run `pytest -m gpu` on the device machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
