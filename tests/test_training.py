@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file
 
 from tests.kit import dataset, ktrain, model_dir, records, write_config
 
@@ -60,6 +61,11 @@ def test_resume_is_exact(root: Path) -> None:
     assert "resumed from" in resumed.stdout
     assert records(root / "out") == records(one_go)
     assert _digest(root / "out" / "final" / "model.safetensors") == _digest(one_go / "final" / "model.safetensors")
+    exported = ktrain("export", str(root / "out"))  # the last checkpoint, step 6, is the final model
+    assert exported.returncode == 0, exported.stderr
+    final = load_file(root / "out" / "final" / "model.safetensors")
+    again = load_file(root / "out" / "export-step-00000006" / "model.safetensors")
+    assert final.keys() == again.keys() and all(torch.equal(final[k], again[k]) for k in final)
 
 
 def test_sigkill_during_save_keeps_previous_checkpoint(root: Path) -> None:

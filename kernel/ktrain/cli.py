@@ -54,6 +54,12 @@ def _configure_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
 
 
+def _configure_export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="output_dir of a run")
+    p.add_argument("--checkpoint", help="checkpoint folder (default: the latest complete one)")
+    p.add_argument("--output", help="folder to write (default: RUN_DIR/export-step-N)")
+
+
 def _configure_none(p: argparse.ArgumentParser) -> None:
     del p
 
@@ -103,6 +109,12 @@ def _generate(args: argparse.Namespace) -> int:
     return generate_cli(args.run_dir, args.prompt, args.max_new_tokens)
 
 
+def _export(args: argparse.Namespace) -> int:
+    from ktrain.export import export_cli
+
+    return export_cli(args.run_dir, args.checkpoint, args.output)
+
+
 def _env(args: argparse.Namespace) -> int:
     from ktrain.environment import describe_environment
 
@@ -119,6 +131,7 @@ COMMANDS: dict[str, Command] = {
     "plugins": ("list installed plugins: distribution, version, hooks, roles", _configure_none, _plugins),
     "hooks": ("list the hooks plugins can implement", _configure_none, _hooks),
     "generate": ("answer a prompt with a trained model", _configure_generate, _generate),
+    "export": ("write a checkpoint as HF safetensors", _configure_export, _export),
     "env": ("print versions, devices and settings for a bug report", _configure_none, _env),
 }
 

@@ -144,6 +144,16 @@ def ktrain_register_commands(register: Callable[..., None]) -> None:
 
 
 @hookspec
+def ktrain_register_checkpoint_formats(register: Callable[..., None]) -> None:
+    """Add readers of checkpoint formats for ``ktrain export``: ``register(name, read_state_dict)``.
+
+    ``read_state_dict(path, manifest)`` returns the whole model's state dict (CPU tensors, the names
+    ``transformers`` uses) from the committed checkpoint folder ``path`` whose manifest says
+    ``"format": name``, without starting a run or a process group. Every plugin answers.
+    """
+
+
+@hookspec
 def ktrain_register_metric_sinks(register: Callable[..., None]) -> None:
     """Add places logged metrics go: ``register(name, factory)``.
 

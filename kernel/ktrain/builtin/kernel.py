@@ -42,6 +42,11 @@ def ktrain_register_dataset_formats(register) -> None:
 
 
 @hookimpl
+def ktrain_register_checkpoint_formats(register) -> None:
+    register("ktrain-full", lazy("ktrain.builtin.local_checkpoint:read_state_dict"))
+
+
+@hookimpl
 def ktrain_validate_config(config: Any, report: Any) -> None:
     """The kernel's checks between keys; each message says what to do."""
     _check_batch(config, report)

@@ -11,11 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_model
 
 from ktrain import hookimpl
 
 FORMAT = "ktrain-full"
+
+
+def read_state_dict(path: Path, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The model state of a checkpoint of this format, for ``ktrain export`` (tied weights appear once)."""
+    return load_file(path / "model.safetensors")
 
 
 class LocalCheckpoint:
