@@ -48,6 +48,11 @@ def _configure_check(p: argparse.ArgumentParser) -> None:
     p.add_argument("--all", action="store_true", help="print every key, not only those set")
 
 
+def _configure_preprocess(p: argparse.ArgumentParser) -> None:
+    _add_config_args(p)
+    p.add_argument("--check-only", action="store_true", help="check the data and report; write nothing")
+
+
 def _configure_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="output_dir of a finished run (or a model folder)")
     p.add_argument("prompt", help="the user message")
@@ -77,6 +82,12 @@ def _check(args: argparse.Namespace) -> int:
     plan = prepare(args.config, args.overrides, world_size=args.world_size)
     print(describe_plan(plan, every_key=args.all))
     return EXIT_OK
+
+
+def _preprocess(args: argparse.Namespace) -> int:
+    from ktrain.data.preprocess import preprocess_cli
+
+    return preprocess_cli(args.config, args.overrides, args.check_only)
 
 
 def _keys(args: argparse.Namespace) -> int:
@@ -127,6 +138,11 @@ Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argpar
 COMMANDS: dict[str, Command] = {
     "run": ("train with a config (starts the ranks it needs)", _configure_run, _run),
     "check": ("validate a config and print what it resolves to; no GPU needed", _configure_check, _check),
+    "preprocess": (
+        "tokenize the datasets once into the cache (dataset_prepared_path), or --check-only them",
+        _configure_preprocess,
+        _preprocess,
+    ),
     "keys": ("list every config key, its owner and meaning", _configure_none, _keys),
     "plugins": ("list installed plugins: distribution, version, hooks, roles", _configure_none, _plugins),
     "hooks": ("list the hooks plugins can implement", _configure_none, _hooks),

@@ -23,7 +23,7 @@ import yaml
 
 from ktrain import hookimpl
 from ktrain.data.batches import BatchPlan, collate
-from ktrain.data.examples import tokenize_all
+from ktrain.data.cache import build
 from ktrain.resolve import prepare
 from ktrain.run.trainer import rank_main
 from ktrain.run_dir import prepare_run_dir
@@ -66,7 +66,7 @@ def plain_loop(config_path: Path) -> float:
     plan = prepare(config_path, world_size=1)
     config = plan.config
     tokenizer = transformers.AutoTokenizer.from_pretrained(config.base_model)
-    examples = tokenize_all(config, tokenizer, plan.formats).train
+    examples = build(config, tokenizer, plan.formats).train
     torch.manual_seed(config.seed)
     model_config = transformers.AutoConfig.from_pretrained(config.base_model)
     model = transformers.AutoModelForCausalLM.from_config(model_config, attn_implementation="sdpa")
@@ -77,7 +77,7 @@ def plain_loop(config_path: Path) -> float:
     times = [time.perf_counter()]
     for step in range(config.max_steps):
         for micro in batches.step_rows(step)[0]:
-            batch = collate([examples[i] for i in micro], tokenizer.pad_token_id)
+            batch = collate([[examples[i]] for i in micro], tokenizer.pad_token_id)
             loss = model(**batch).loss / config.gradient_accumulation_steps
             loss.backward()
             float(loss)

@@ -4,8 +4,10 @@ Writes, byte-identically on every run (fixed seed, no timestamps or version stri
 
 * ``configs/quickstart/model/``: ``config.json`` (LlamaForCausalLM, random init, no weights),
   ``tokenizer.json``, ``tokenizer_config.json`` (ChatML ``chat_template``), ``special_tokens_map.json``.
-* ``configs/quickstart/data/``: ``train.jsonl`` and ``test.jsonl`` (disjoint questions), rows like
+* ``configs/quickstart/data/``: ``train.jsonl`` (8000 rows) and ``test.jsonl`` (200 held-out rows, no question
+  shared with train), rows like
   ``{"messages": [{"role": "user", "content": "What is 37+48?"}, {"role": "assistant", "content": "85"}]}``.
+  The task: a+b and a-b for two-digit a, b (10..99), subtraction only where a >= b.
 
 The tokenizer is character level: one token per printable ASCII character (space included) plus ``\\n``;
 no normalizer, so whitespace is kept verbatim. Ids: 0 ``<|pad|>``, 1 ``<|im_start|>``, 2 ``<|im_end|>`` (EOS),

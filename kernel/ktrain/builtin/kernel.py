@@ -5,16 +5,19 @@ Like every entry module it imports nothing heavy; the factories it registers are
 
 from __future__ import annotations
 
+import difflib
 import os
 from typing import Any
 
 from ktrain import hookimpl
 from ktrain.config.keys import KERNEL_SECTIONS
+from ktrain.data import templates
 from ktrain.registry import lazy
+from ktrain.resolve import looks_local
 
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw", "sgd", "adafactor")
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
-FORMATS = ("chat_template", "sharegpt", "alpaca", "completion")
+FORMATS = ("chat_template", "sharegpt", "alpaca", "completion", "input_output")
 
 
 @hookimpl
@@ -52,12 +55,11 @@ def ktrain_validate_config(config: Any, report: Any) -> None:
     _check_batch(config, report)
     _check_attention(config, report)
     _check_run(config, report)
+    _check_data(config, report)
     if config.bf16 is True and config.fp16:
         report.error("bf16", "bf16 and fp16 are both true; choose one")
     if config.gradient_checkpointing_kwargs and not config.gradient_checkpointing:
         report.warn("gradient_checkpointing_kwargs", "has no effect while gradient_checkpointing is false")
-    if config.sample_packing:
-        report.error("sample_packing", "packing is not in this version of ktrain yet; set it to false")
 
 
 def _check_batch(config: Any, report: Any) -> None:
@@ -88,11 +90,8 @@ def _check_batch(config: Any, report: Any) -> None:
         report.warn("eval_steps", "evaluation needs a held-out split: set val_set_size; nothing is evaluated")
     if not config.output_dir.strip():
         report.error("output_dir", "must name a folder (for the current one, write ./)")
-    if not config.datasets:
+    if not config.datasets and not config.pretraining_dataset:
         report.error("datasets", "no training data: add a `datasets:` list (path and type of each)")
-    for i, entry in enumerate(config.datasets):
-        if not entry.path:
-            report.error(f"datasets[{i}].path", "required: the file or folder to read")
 
 
 def _check_attention(config: Any, report: Any) -> None:
@@ -116,6 +115,49 @@ def _check_run(config: Any, report: Any) -> None:
         report.warn("save_strategy", "is 'no', so save_steps/saves_per_epoch have no effect")
     if config.resume_from_checkpoint and config.auto_resume_from_checkpoints:
         report.warn("auto_resume_from_checkpoints", "resume_from_checkpoint names the checkpoint; this is unused")
+
+
+def _check_data(config: Any, report: Any) -> None:
+    for key in ("datasets", "test_datasets", "pretraining_dataset"):
+        for i, entry in enumerate(getattr(config, key)):
+            where = f"{key}[{i}]"
+            if not entry.path:
+                report.error(f"{where}.path", "required: the file or folder to read")
+            elif key != "datasets" and looks_local(entry.path) and not os.path.exists(os.path.expanduser(entry.path)):
+                report.error(f"{where}.path", f"{entry.path} does not exist")
+            if entry.chat_template is not None and entry.chat_template not in templates.CHOICES:
+                report.error(f"{where}.chat_template", _unknown_template(entry.chat_template))
+            if key == "pretraining_dataset" and entry.type not in (None, "pretrain", "pretraining"):
+                report.error(
+                    f"{where}.type", "pretraining_dataset reads raw text; leave type out (or write pretraining)"
+                )
+            if key != "pretraining_dataset" and entry.type in ("pretrain", "pretraining"):
+                report.error(
+                    f"{where}.type", "raw text for pretraining is streamed: move this entry to pretraining_dataset"
+                )
+    if config.chat_template is not None and config.chat_template not in templates.CHOICES:
+        report.error("chat_template", _unknown_template(config.chat_template))
+    if config.chat_template == "jinja" and not config.chat_template_jinja:
+        report.error("chat_template", "is jinja: give the template's text in chat_template_jinja")
+    if config.chat_template_jinja and config.chat_template not in (None, "jinja"):
+        report.error("chat_template_jinja", f"chat_template is {config.chat_template}; keep one of the two")
+    if config.pretraining_dataset:
+        if config.datasets:
+            report.error("pretraining_dataset", "train on datasets or on pretraining_dataset, not both")
+        if not config.max_steps:
+            report.error("pretraining_dataset", "a streamed dataset has no length: set max_steps")
+        if config.val_set_size:
+            report.error("val_set_size", "a stream cannot be split: give test_datasets for evaluation")
+    if config.test_datasets and config.val_set_size:
+        report.error("test_datasets", "evaluate on test_datasets or on a val_set_size split, not both")
+    if config.dataset_processes is not None:
+        report.warn("dataset_processes", "has no effect: ktrain tokenizes in one process per machine")
+
+
+def _unknown_template(name: str) -> str:
+    close = difflib.get_close_matches(name, templates.CHOICES, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return f"no chat template named '{name}'; {hint}known: {', '.join(templates.CHOICES)}"
 
 
 @hookimpl

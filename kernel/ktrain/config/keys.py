@@ -23,16 +23,23 @@ class DatasetEntry:
     """One item of ``datasets:``."""
 
     path: str = key("", "local jsonl/json/parquet/csv file or folder (or a hub id where the network allows)")
-    type: str | None = key(None, "row format: chat_template, alpaca, completion, ... (see `ktrain plugins`)")
+    type: str | None = key(
+        None, "row format: alpaca, chat_template, sharegpt, completion, input_output; none: pre-tokenized rows"
+    )
     split: str = key("train", "split to read")
     data_files: str | list[str] | None = key(None, "files inside `path` to read")
     ds_type: Literal["json", "parquet", "csv", "arrow"] | None = key(None, "file type when not given by suffix")
-    field: str | None = key(None, "field of the row holding the text (completion) or the data")
+    field: str | None = key(None, "field holding the text (completion, pretraining) or the segments (input_output)")
+    field_instruction: str | None = key(None, "alpaca: field holding the instruction (default `instruction`)")
+    field_input: str | None = key(None, "alpaca: field holding the optional input (default `input`)")
+    field_output: str | None = key(None, "alpaca: field holding the response (default `output`)")
     field_messages: str | None = key(None, "field holding the chat turns (default `messages`)")
     message_property_mappings: dict[str, str] | None = key(None, "names of `role`/`content` in each turn")
     roles_to_train: list[str] | None = key(None, "roles whose turns carry labels (default assistant)")
-    train_on_eos: Literal["turn", "last", "all", "none"] | None = key(None, "which end-of-turn tokens train")
-    chat_template: str | None = key(None, "chat template for this dataset only")
+    train_on_eos: Literal["turn", "last", "all", "none"] | None = key(
+        None, "which end-of-turn tokens train: those of trained turns (turn, the default), last, all, none"
+    )
+    chat_template: str | None = key(None, "chat template for this dataset only (names as for chat_template)")
 
 
 @attrs.define(kw_only=True)
@@ -60,16 +67,28 @@ class DataKeys:
     """Datasets, lengths and masking."""
 
     datasets: list[DatasetEntry] = key([], "training datasets, mixed")
+    pretraining_dataset: list[DatasetEntry] = key(
+        [], "raw-text datasets streamed, tokenized and packed on the fly (instead of datasets; needs max_steps)"
+    )
+    test_datasets: list[DatasetEntry] = key([], "evaluation datasets (instead of val_set_size)")
     val_set_size: float = key(0.0, "held-out share (< 1) or number of rows (>= 1) for evaluation")
     sequence_len: int = key(2048, "longest row in tokens; longer rows are truncated and counted")
     pad_to_sequence_len: bool = key(False, "pad every row to sequence_len")
-    sample_packing: bool = key(False, "pack several samples into one row")
-    eval_sample_packing: bool | None = key(None, "pack the evaluation rows too")
+    sample_packing: bool = key(False, "pack several samples into one row of sequence_len, attention kept apart")
+    sample_packing_method: Literal["ffd", "best_fit"] = key(
+        "ffd", "packing algorithm: first-fit-decreasing or best-fit (both by length, longest first)"
+    )
+    eval_sample_packing: bool | None = key(None, "pack the evaluation rows too (default: as sample_packing)")
     train_on_inputs: bool = key(False, "put labels on prompt tokens as well")
-    chat_template: str | None = key(None, "tokenizer_default or a named template for chat datasets")
+    chat_template: str | None = key(
+        None, "chat datasets' template: tokenizer_default, chatml, qwen, llama3, gemma, phi_3, or jinja"
+    )
+    chat_template_jinja: str | None = key(None, "the text of a Jinja chat template (chat_template: jinja)")
     shuffle_merged_datasets: bool = key(True, "shuffle rows of all datasets together, with the seed")
-    dataset_prepared_path: str | None = key(None, "folder for the tokenized-dataset cache")
-    dataset_processes: int | None = key(None, "processes used to tokenize")
+    dataset_prepared_path: str | None = key(
+        None, "folder of the tokenized-dataset cache (default: prepared/ in output_dir); see `ktrain preprocess`"
+    )
+    dataset_processes: int | None = key(None, "not used: ktrain tokenizes in one process per machine (a warning)")
 
 
 @attrs.define(kw_only=True)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import functools
 import random
+from typing import Any
 
 import attrs
 import torch
 
-from ktrain.data.examples import Example
+from ktrain.data.examples import Example, TokenTable
 from ktrain.data.formats import IGNORE
 
 
@@ -56,15 +57,87 @@ class BatchPlan:
         ]
 
 
-def collate(examples: list[Example], pad_id: int, pad_to: int | None = None) -> dict[str, torch.Tensor]:
-    """Right-pad a micro-batch to its longest row (or ``pad_to``); padding carries no label."""
-    length = pad_to or max(len(e.input_ids) for e in examples)
-    ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), length), IGNORE, dtype=torch.long)
-    mask = torch.zeros((len(examples), length), dtype=torch.long)
-    for i, e in enumerate(examples):
-        n = len(e.input_ids)
-        ids[i, :n] = torch.tensor(e.input_ids)
-        labels[i, :n] = torch.tensor(e.labels)
-        mask[i, :n] = 1
-    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+class PlannedRows:
+    """The rows of a map-style dataset (each a list of samples: one, or several when packed) cut by a plan."""
+
+    def __init__(self, table: TokenTable, rows: list[list[int]], plan: BatchPlan):
+        self.table, self.rows, self.plan = table, rows, plan
+        self.steps_per_epoch, self.dp_size, self.n = plan.steps_per_epoch, plan.dp_size, plan.n
+        self.rows_per_step = plan.rows_per_step
+
+    def row(self, i: int) -> list[Example]:
+        return [self.table[j] for j in self.rows[i]]
+
+    def step(self, step: int) -> list[list[list[list[Example]]]]:
+        """The rows of global ``step``: ``[rank][micro] -> rows``, each row a list of samples."""
+        return [[[self.row(i) for i in micro] for micro in rank] for rank in self.plan.step_rows(step)]
+
+
+def row_tokens(row: list[Example]) -> int:
+    return sum(len(e.input_ids) for e in row)
+
+
+def row_trained(row: list[Example]) -> int:
+    """Trained tokens of a row: the samples' own, since each sample's first token is never a target."""
+    return sum(e.trained_tokens for e in row)
+
+
+def collate(
+    rows: list[list[Example]], pad_id: int, pad_to: int | None = None, packed_attention: str | None = None
+) -> dict[str, Any]:
+    """Right-pad a micro-batch of rows to the longest (or ``pad_to``); padding carries no label.
+
+    Without ``packed_attention`` every row holds one sample and the batch has a 2-D ``attention_mask``.
+    With it (the model's attention implementation), a row holds several samples: position ids restart
+    at 0 for each, each sample's first token has no label (it is not predicted from the sample before),
+    and attention stays within a sample: ``flash_attention_*`` finds the samples from the position ids
+    alone (variable-length kernels); ``flex_attention`` gets a document ``BlockMask``; SDPA (and any
+    other) a block-diagonal causal 4-D mask, boolean, or additive for ``eager``.
+    """
+    length = pad_to or max(row_tokens(row) for row in rows)
+    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), length), IGNORE, dtype=torch.long)
+    if packed_attention is None:
+        mask = torch.zeros((len(rows), length), dtype=torch.long)
+        for i, (e,) in enumerate(rows):
+            n = len(e.input_ids)
+            ids[i, :n] = torch.tensor(e.input_ids)
+            labels[i, :n] = torch.tensor(e.labels)
+            mask[i, :n] = 1
+        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+    positions = torch.zeros((len(rows), length), dtype=torch.long)
+    documents = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, row in enumerate(rows):
+        at = 0
+        for d, e in enumerate(row):
+            n = len(e.input_ids)
+            ids[i, at : at + n] = torch.tensor(e.input_ids)
+            labels[i, at + 1 : at + n] = torch.tensor(e.labels[1:])
+            positions[i, at : at + n] = torch.arange(n)
+            documents[i, at : at + n] = d
+            at += n
+        positions[i, at:] = torch.arange(length - at)  # padding: one more document of its own
+        documents[i, at:] = len(row)
+    batch: dict[str, Any] = {"input_ids": ids, "labels": labels, "position_ids": positions}
+    if "flash" not in packed_attention:
+        batch["attention_mask"] = document_mask(documents, packed_attention)
+    return batch
+
+
+def document_mask(documents: torch.Tensor, attention: str) -> Any:
+    """Causal attention within each document of ``documents`` ``[batch, length]``, in the form ``attention`` takes."""
+    batch, length = documents.shape
+    if attention == "flex_attention":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        def same_document(b: Any, h: Any, q: Any, k: Any) -> Any:
+            return (documents[b, q] == documents[b, k]) & (q >= k)
+
+        return create_block_mask(same_document, batch, None, length, length, device=documents.device)
+    causal = torch.ones((length, length), dtype=torch.bool).tril()
+    allowed = (documents[:, :, None] == documents[:, None, :]) & causal
+    if attention == "eager":
+        return torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, torch.finfo(torch.float32).min)[
+            :, None
+        ]
+    return allowed[:, None]

@@ -1,12 +1,17 @@
 """Row formats: one function per ``type:`` of a ``datasets:`` entry, each ``(row, tokenizer, entry, config)``.
 
 Each returns ``{"input_ids": [...], "labels": [...]}`` with -100 on tokens that carry no loss, or None
-to skip a row. Prompt tokens carry no loss unless ``train_on_inputs`` is true.
+for an empty sample. A field the type needs and the row lacks raises ``KeyError(field)``; a field of the
+wrong kind raises ``TypeError``: the caller names the dataset, the sample and the line. Prompt tokens
+carry no loss unless ``train_on_inputs`` is true.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
+
+from ktrain.data import templates
 
 IGNORE = -100
 
@@ -18,56 +23,110 @@ ALPACA_PROMPT = (
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "user": "user", "assistant": "assistant"}
 
 
-def _ids(tokenizer: Any, text: str) -> list[int]:
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` without the tokenizer's own BOS/EOS."""
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _chat_ids(tokenizer: Any, messages: list[dict], generation_prompt: bool, template: str | None) -> list[int]:
-    out = tokenizer.apply_chat_template(
-        messages, tokenize=True, add_generation_prompt=generation_prompt, chat_template=template
-    )
-    return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+def text_field(row: dict, name: str, required: bool = True) -> str:
+    """Field ``name`` of ``row`` as text; a missing (or null) required field raises ``KeyError(name)``."""
+    value = row.get(name)
+    if value is None:
+        if required:
+            raise KeyError(name)
+        return ""
+    if not isinstance(value, str):
+        raise TypeError(f"field '{name}' is a {type(value).__name__}, not text")
+    return value
 
 
-def _messages(row: dict, entry: Any, default_field: str, role_names: dict[str, str]) -> list[dict] | None:
-    turns = row.get(entry.field_messages or default_field)
-    if turns is None and default_field == "messages":
-        turns = row.get("conversations")
-        role_names = SHAREGPT_ROLES
+def _messages(row: dict, entry: Any) -> list[dict]:
+    """The turns of a chat row as ``{"role", "content"}``: OpenAI ``messages`` or ShareGPT ``conversations``."""
+    field = entry.field_messages or ("messages" if "messages" in row or "conversations" not in row else "conversations")
+    turns = row.get(field)
+    if turns is None:
+        raise KeyError(field)
     if not isinstance(turns, list):
-        return None
+        raise TypeError(f"field '{field}' is a {type(turns).__name__}, not a list of turns")
     mapping = entry.message_property_mappings or {}
     role_key, content_key = mapping.get("role", "role"), mapping.get("content", "content")
-    if turns and role_key not in turns[0] and "from" in turns[0]:
-        role_key, content_key, role_names = "from", "value", SHAREGPT_ROLES
+    names: dict[str, str] = {}
+    if turns and isinstance(turns[0], dict) and role_key not in turns[0] and "from" in turns[0]:
+        role_key, content_key, names = "from", "value", SHAREGPT_ROLES
+    elif role_key == "from":
+        names = SHAREGPT_ROLES
     messages = []
-    for turn in turns:
+    for n, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise TypeError(f"turn {n} of '{field}' is a {type(turn).__name__}, not an object")
         role = turn.get(role_key)
-        messages.append({"role": role_names.get(role, role), "content": turn.get(content_key, "")})
+        if role is None:
+            raise KeyError(f"{field}[{n}].{role_key}")
+        content = text_field(turn, content_key, required=False)
+        messages.append({"role": names.get(role, role), "content": content})
     return messages
 
 
-def chat_template(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | None:
-    """OpenAI-style ``messages`` (or ShareGPT ``conversations`` with from/value), rendered by the chat template.
+def _render(tokenizer: Any, messages: list[dict], generation_prompt: bool, template: str) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=generation_prompt, chat_template=template
+    )
 
-    Turns of ``roles_to_train`` (default: assistant) carry labels: the tokens a generation prompt
-    would not already contain, i.e. the reply and its end-of-turn token.
+
+def chat_template(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | None:
+    """OpenAI-style ``messages`` (or ShareGPT ``conversations`` with from/value), rendered by a chat template.
+
+    The conversation is rendered once and tokenized once; character offsets say which tokens belong to
+    which turn. Turns of ``roles_to_train`` (default: assistant) carry labels: for an assistant turn,
+    what follows the generation prompt; for other roles, the turn's content onwards. ``train_on_eos``
+    (default ``turn``) decides the end-of-turn token: ``turn`` trains it and nothing after it in the turn,
+    ``none`` neither, ``last`` only in the last trained turn, ``all`` in every turn.
     """
-    messages = _messages(row, entry, "messages", {})
+    messages = _messages(row, entry)
     if not messages:
         return None
-    template = entry.chat_template or (config.chat_template if config.chat_template != "tokenizer_default" else None)
-    trained = set(entry.roles_to_train or ["assistant"])
-    input_ids = _chat_ids(tokenizer, messages, False, template)
-    labels = list(input_ids) if config.train_on_inputs else [IGNORE] * len(input_ids)
-    if not config.train_on_inputs:
-        for i, message in enumerate(messages):
-            if message["role"] not in trained:
-                continue
-            start = len(_chat_ids(tokenizer, messages[:i], True, template)) if i else 0
-            end = len(_chat_ids(tokenizer, messages[: i + 1], False, template))
-            labels[start:end] = input_ids[start:end]
-    return {"input_ids": input_ids, "labels": labels}
+    name = templates.template_name(entry, config)
+    template = templates.resolve(name, config, tokenizer, "chat_template")
+    text = _render(tokenizer, messages, False, template)
+    try:
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    except NotImplementedError:
+        raise TypeError("chat_template masking needs a fast tokenizer (one with offsets)") from None
+    ids, offsets = list(encoded["input_ids"]), encoded["offset_mapping"]
+    if config.train_on_inputs:
+        return {"input_ids": ids, "labels": list(ids)}
+    trained_roles = set(entry.roles_to_train or ["assistant"])
+    eos_mode = entry.train_on_eos or "turn"
+    eos = tokenizer.eos_token_id
+    labels = [IGNORE] * len(ids)
+    starts = [a for a, _ in offsets]  # non-decreasing: a turn's tokens are found by bisection
+    turns = [i for i, m in enumerate(messages) if m["role"] in trained_roles]
+    for i in turns:
+        upto = _render(tokenizer, messages[: i + 1], False, template)
+        end = len(upto)
+        if not text.startswith(upto):
+            raise ValueError(f"chat template {name!r} renders turn {i} differently once later turns follow")
+        if messages[i]["role"] == "assistant":
+            start = len(_render(tokenizer, messages[:i], True, template))
+        else:
+            turn_start = len(_render(tokenizer, messages[:i], False, template)) if i else 0
+            found = text.find(messages[i]["content"].strip(), turn_start, end)
+            start = found if found >= 0 else turn_start
+        lo, hi = bisect.bisect_left(starts, start), bisect.bisect_left(starts, end)
+        span = [t for t in range(lo, hi) if offsets[t][1] > offsets[t][0]]
+        if not span:
+            continue
+        last_eos = max((t for t in span if ids[t] == eos), default=None)
+        stop = span[-1] if last_eos is None else last_eos
+        keep_eos = eos_mode == "turn" or eos_mode == "all" or (eos_mode == "last" and i == turns[-1])
+        if last_eos is not None and not keep_eos:
+            stop -= 1
+        for t in span:
+            if t <= stop:
+                labels[t] = ids[t]
+    if eos_mode == "all":
+        labels = [t if t == eos else label for t, label in zip(ids, labels, strict=True)]
+    return {"input_ids": ids, "labels": labels}
 
 
 def sharegpt(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | None:
@@ -76,36 +135,71 @@ def sharegpt(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | None:
 
 
 def alpaca(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | None:
-    """``instruction``, optional ``input``, ``output``: the Alpaca prompt, loss on the output and EOS."""
-    if "instruction" not in row or "output" not in row:
-        return None
-    extra = row.get("input") or ""
+    """``instruction``, optional ``input``, ``output`` (renamed by ``field_instruction`` ...): loss on output + EOS."""
+    instruction = text_field(row, entry.field_instruction or "instruction")
+    output = text_field(row, entry.field_output or "output")
+    extra = text_field(row, entry.field_input or "input", required=False)
     prompt = ALPACA_PROMPT.format(
         with_input=", paired with an input that provides further context" if extra else "",
-        instruction=row["instruction"],
+        instruction=instruction,
         input_block=f"### Input:\n{extra}\n\n" if extra else "",
     )
-    prompt_ids = _ids(tokenizer, prompt)
+    prompt_ids = encode(tokenizer, prompt)
     if tokenizer.bos_token_id is not None:
         prompt_ids = [tokenizer.bos_token_id, *prompt_ids]
-    answer_ids = [*_ids(tokenizer, row["output"]), tokenizer.eos_token_id]
+    answer_ids = [*encode(tokenizer, output), tokenizer.eos_token_id]
     prompt_labels = list(prompt_ids) if config.train_on_inputs else [IGNORE] * len(prompt_ids)
     return {"input_ids": prompt_ids + answer_ids, "labels": prompt_labels + answer_ids}
 
 
 def completion(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | None:
     """Raw text in ``entry.field`` (default ``text``), every token trained, EOS appended."""
-    text = row.get(entry.field or "text")
-    if not isinstance(text, str) or not text:
+    text = text_field(row, entry.field or "text")
+    if not text:
         return None
-    ids = [*_ids(tokenizer, text), tokenizer.eos_token_id]
+    ids = [*encode(tokenizer, text), tokenizer.eos_token_id]
+    if tokenizer.bos_token_id is not None:
+        ids = [tokenizer.bos_token_id, *ids]
     return {"input_ids": ids, "labels": list(ids)}
+
+
+def input_output(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | None:
+    """``segments`` (or ``entry.field``): a list of ``{"text": ..., "label": true|false}``, tokenized in order.
+
+    A segment with ``label: false`` carries no loss; ``label`` defaults to true. No BOS or EOS is added:
+    write them in the text where the model needs them. ``train_on_inputs`` does not apply.
+    """
+    field = entry.field or "segments"
+    segments = row.get(field)
+    if segments is None:
+        raise KeyError(field)
+    if not isinstance(segments, list):
+        raise TypeError(f"field '{field}' is a {type(segments).__name__}, not a list of segments")
+    ids: list[int] = []
+    labels: list[int] = []
+    for n, segment in enumerate(segments):
+        if not isinstance(segment, dict):
+            raise TypeError(f"segment {n} of '{field}' is a {type(segment).__name__}, not an object")
+        if "text" not in segment:
+            raise KeyError(f"{field}[{n}].text")
+        text = text_field(segment, "text")
+        label = segment.get("label", True)
+        if not isinstance(label, bool):
+            raise TypeError(f"'{field}[{n}].label' is a {type(label).__name__}, not true or false")
+        piece = encode(tokenizer, text)
+        ids += piece
+        labels += piece if label else [IGNORE] * len(piece)
+    return {"input_ids": ids, "labels": labels} if ids else None
 
 
 def pretokenized(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | None:
     """Rows that already hold ``input_ids`` (and optionally ``labels``): the entry has no ``type``."""
     ids = row.get("input_ids")
-    if not isinstance(ids, list) or not ids:
-        return None
+    if ids is None:
+        raise KeyError("input_ids")
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise TypeError("field 'input_ids' is not a list of integers")
     labels = row.get("labels", ids)
-    return {"input_ids": list(ids), "labels": list(labels)}
+    if not isinstance(labels, list) or len(labels) != len(ids):
+        raise ValueError(f"field 'labels' must be a list as long as input_ids ({len(ids)})")
+    return {"input_ids": list(ids), "labels": list(labels)} if ids else None

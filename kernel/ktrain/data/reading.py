@@ -1,83 +1,122 @@
-"""Reading rows from local files: jsonl, json, csv, and parquet (with pyarrow installed)."""
+"""Reading rows from local files: jsonl, json, csv, parquet and Arrow (the last two through pyarrow).
+
+Rows are produced lazily, one at a time, each with the place it came from (file and line, or file and
+row), so that an error names it and a streamed dataset never sits whole in memory.
+"""
 
 from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 SUFFIXES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
 
 
 class DataError(Exception):
-    """A dataset cannot be read; the message names the ``datasets[i]`` entry and the file."""
+    """A dataset cannot be read or used; the message names the ``datasets[i]`` entry and the file."""
 
 
-def _files(entry: Any, where: str) -> list[Path]:
+@attrs.frozen
+class Row:
+    """One row of a dataset file and where it is: ``place`` is ``FILE line N`` or ``FILE row N``."""
+
+    fields: Any
+    place: str
+
+
+def data_files(entry: Any, where: str) -> list[Path]:
+    """The files of one dataset entry, in a fixed order; an error names ``where.path`` when there are none."""
     root = Path(entry.path).expanduser()
     if not root.exists():
-        raise DataError(f"{where}.path: {entry.path} does not exist (datasets from a hub need the network)")
+        hint = (
+            "a Hugging Face dataset id needs the network, which ktrain does not use for data: "
+            "download the files and give their local path"
+            if not entry.path.startswith((".", "/", "~"))
+            else "give an existing file or folder"
+        )
+        raise DataError(f"{where}.path: {entry.path} does not exist ({hint})")
     if entry.data_files:
         names = [entry.data_files] if isinstance(entry.data_files, str) else entry.data_files
-        files = [root / n if root.is_dir() else Path(n) for n in names]
+        files = [root / n if root.is_dir() else Path(n).expanduser() for n in names]
     elif root.is_dir():
-        files = sorted(p for p in root.rglob("*") if p.suffix in SUFFIXES and entry.split in p.name)
-        if not files:
-            files = sorted(p for p in root.rglob("*") if p.suffix in SUFFIXES)
+        found = sorted(p for p in root.rglob("*") if p.suffix in SUFFIXES and p.is_file())
+        files = [p for p in found if entry.split in p.name] or found
     else:
         files = [root]
     missing = [str(f) for f in files if not f.is_file()]
     if missing or not files:
-        raise DataError(f"{where}: no readable data file ({', '.join(missing) or entry.path})")
+        raise DataError(f"{where}.path: no readable data file in {', '.join(missing) or entry.path}")
     return files
 
 
-def _read_json(path: Path, where: str) -> list[dict]:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json" and text.lstrip()[:1] in "[{":
+def _json_rows(path: Path, where: str) -> Iterator[Row]:
+    with path.open(encoding="utf-8") as f:
+        head = f.read(1 << 16).lstrip()
+    if path.suffix == ".json" and head[:1] in "[{":
         try:
-            data = json.loads(text)
+            data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError:
-            data = None
-        if isinstance(data, list):
-            return data
+            data = None  # not one JSON document: read it as JSON lines below
         if isinstance(data, dict) and isinstance(data.get("data"), list):
-            return data["data"]
-    rows = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: {path} line {number} is not JSON: {e.msg}") from None
-    return rows
+            data = data["data"]
+        if isinstance(data, list):
+            for number, fields in enumerate(data):
+                yield Row(fields, f"{path} item {number}")
+            return
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                fields = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: {path} line {number} is not valid JSON: {e.msg}") from None
+            yield Row(fields, f"{path} line {number}")
 
 
-def _read_parquet(path: Path, where: str) -> list[dict]:
+def _csv_rows(path: Path) -> Iterator[Row]:
+    with path.open(newline="", encoding="utf-8") as f:
+        for number, fields in enumerate(csv.DictReader(f), 2):  # line 1 is the header
+            yield Row(fields, f"{path} line {number}")
+
+
+def _arrow_rows(path: Path, kind: str, where: str) -> Iterator[Row]:
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError(f"{where}: reading {path} needs pyarrow: `pip install pyarrow`") from None
-    return pq.read_table(path).to_pylist()
+    if kind == "parquet":
+        batches = pq.ParquetFile(path).iter_batches(batch_size=1024)
+    else:
+        try:
+            reader = pa.ipc.open_file(path)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        except pa.ArrowInvalid:  # Hugging Face `datasets` writes Arrow streams, not files
+            batches = pa.ipc.open_stream(path)
+    number = 0
+    for batch in batches:
+        for fields in batch.to_pylist():
+            yield Row(fields, f"{path} row {number}")
+            number += 1
 
 
-def read_rows(entry: Any, where: str) -> list[dict]:
-    """All rows of one ``datasets:`` entry, in file order."""
-    rows: list[dict] = []
-    for path in _files(entry, where):
+def iter_rows(entry: Any, where: str) -> Iterator[Row]:
+    """Every row of one dataset entry, in file order, read lazily; rows that are not objects are an error."""
+    for path in data_files(entry, where):
         kind = entry.ds_type or SUFFIXES.get(path.suffix, "json")
         if kind == "json":
-            rows += _read_json(path, where)
+            rows = _json_rows(path, where)
         elif kind == "csv":
-            with path.open(newline="", encoding="utf-8") as f:
-                rows += list(csv.DictReader(f))
-        elif kind == "parquet":
-            rows += _read_parquet(path, where)
+            rows = _csv_rows(path)
         else:
-            raise DataError(f"{where}.ds_type: {kind} files are not readable yet; convert to jsonl or parquet")
-    bad = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
-    if bad is not None:
-        raise DataError(f"{where}: row {bad} is a {type(rows[bad]).__name__}, not an object with fields")
-    return rows
+            rows = _arrow_rows(path, kind, where)
+        for row in rows:
+            if not isinstance(row.fields, dict):
+                raise DataError(f"{where}: {row.place} is a {type(row.fields).__name__}, not an object with fields")
+            yield row

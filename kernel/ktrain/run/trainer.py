@@ -17,8 +17,11 @@ from typing import Any
 
 import torch
 
-from ktrain.data.batches import BatchPlan, collate
-from ktrain.data.examples import Example, Examples, tokenize_all
+from ktrain.data import pipeline, templates
+from ktrain.data.batches import PlannedRows, collate, row_tokens, row_trained
+from ktrain.data.examples import Example
+from ktrain.data.pipeline import TrainData
+from ktrain.data.stream import StreamRows
 from ktrain.registry import collect
 from ktrain.run import checkpoints, distributed
 from ktrain.run.context import Run
@@ -57,24 +60,24 @@ class Trainer:
 
     # ---------------------------------------------------------------- setup
 
-    def _load(self) -> tuple[Any, Examples]:
+    def _load(self) -> tuple[Any, TrainData]:
         run, config = self.run, self.config
         run.tokenizer = run.hook.ktrain_load_tokenizer(run=run)
-        examples = tokenize_all(config, run.tokenizer, run.plan.formats)
+        if config.chat_template or config.chat_template_jinja:  # the exported tokenizer chats as it was trained
+            name = templates.template_name(None, config)
+            run.tokenizer.chat_template = templates.resolve(name, config, run.tokenizer, "chat_template")
+        data = pipeline.load(run, distributed.barrier)
         if run.is_main:
-            print(
-                f"data: {len(examples.train)} training rows, {len(examples.eval)} held out; "
-                f"{examples.truncated} truncated to sequence_len {config.sequence_len}, {examples.skipped} skipped",
-                flush=True,
-            )
+            print("\n".join(data.summary), flush=True)
         model_kwargs = merged(run.hook.ktrain_collect_model_kwargs(run=run), "model argument")
         model = run.hook.ktrain_load_model(run=run, model_kwargs=model_kwargs)
         model = chain(run, "ktrain_wrap_model", "model", model)
         model = chain(run, "ktrain_parallelize", "model", model)
         run.model = model
-        return model, examples
+        self.attention = getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
+        return model, data
 
-    def _total_steps(self, plan: BatchPlan) -> int:
+    def _total_steps(self, plan: PlannedRows | StreamRows) -> int:
         if self.config.max_steps:
             return self.config.max_steps
         if plan.steps_per_epoch == 0:
@@ -103,21 +106,24 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.run.device.type, dtype=dtype)
 
-    def _to_device(self, rows: list[int], examples: list[Example]) -> dict[str, torch.Tensor]:
+    def _to_device(self, rows: list[list[Example]], packed: bool) -> dict[str, Any]:
         pad_to = self.config.sequence_len if self.config.pad_to_sequence_len else None
-        batch = collate([examples[i] for i in rows], self.pad_id, pad_to)
-        return {k: v.to(self.run.device, non_blocking=True) for k, v in batch.items()}
+        batch = collate(rows, self.pad_id, pad_to, self.attention if packed else None)
+        return {
+            k: v.to(self.run.device, non_blocking=True) if isinstance(v, torch.Tensor) else v.to(self.run.device)
+            for k, v in batch.items()
+        }
 
-    def _train_step(self, step: int, train: list[Example]) -> tuple[float, int, int]:
+    def _train_step(self, step: int, data: TrainData) -> tuple[float, int, int]:
         """One optimizer step; returns (local loss sum, global trained tokens, global input tokens)."""
-        rows = self.plan.step_rows(step)
-        global_tokens = sum(train[i].trained_tokens for rank in rows for micro in rank for i in micro)
-        input_tokens = sum(len(train[i].input_ids) for rank in rows for micro in rank for i in micro)
+        rows = data.train.step(step)
+        global_tokens = sum(row_trained(row) for rank in rows for micro in rank for row in micro)
+        input_tokens = sum(row_tokens(row) for rank in rows for micro in rank for row in micro)
         num_items = max(global_tokens, 1) / self.plan.dp_size
         mine = rows[self.dp_rank]
         loss_sum = 0.0
         for k, micro in enumerate(mine):
-            batch = self._to_device(micro, train)
+            batch = self._to_device(micro, data.train_packed)
             with self.engine.accumulate(last=k == len(mine) - 1):
                 maybe_fault("forward", step + 1, self.run.rank)
                 with self._autocast():
@@ -130,7 +136,7 @@ class Trainer:
         return loss_sum, global_tokens, input_tokens
 
     @torch.no_grad()
-    def evaluate(self, eval_set: list[Example]) -> float:
+    def evaluate(self, eval_set: list[list[Example]], packed: bool) -> float:
         """Token-mean loss over the held-out rows, shared out over the data-parallel ranks."""
         self.engine.train(False)
         mine = eval_set[self.dp_rank :: self.plan.dp_size]
@@ -139,12 +145,12 @@ class Trainer:
         loss_sum = tokens = 0.0
         for b in range(batches):  # every rank runs as many forwards: sharded forwards are collective
             rows = mine[b * size : (b + 1) * size]
-            batch = self._to_device(list(range(len(rows) or 1)), rows or eval_set[:1])
+            batch = self._to_device(rows or eval_set[:1], packed)
             with self._autocast():
                 loss = self.engine.module(**batch, num_items_in_batch=torch.tensor(1.0, device=self.run.device)).loss
             if rows:
                 loss_sum += float(loss)
-                tokens += sum(e.trained_tokens for e in rows)
+                tokens += sum(row_trained(row) for row in rows)
         self.engine.train(True)
         total_loss, total_tokens = distributed.all_reduce_sum([loss_sum, tokens], self.run.device)
         return total_loss / max(total_tokens, 1)  # both counted once per copy of the rows
@@ -158,16 +164,10 @@ class Trainer:
     def fit(self, resume: bool) -> dict[str, float]:
         """Train to the end (or from the latest checkpoint with ``resume``); return the final metrics."""
         run, config = self.run, self.config
-        model, examples = self._load()
+        model, data = self._load()
         self.pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
         self.dp_rank = run.dp_rank()
-        self.plan = BatchPlan(
-            len(examples.train),
-            config.micro_batch_size,
-            config.gradient_accumulation_steps,
-            run.mesh.dp_size,
-            config.seed,
-        )
+        self.plan = data.train
         total = self._total_steps(self.plan)
 
         def build_optimizer(params: Any) -> Any:
@@ -203,11 +203,11 @@ class Trainer:
                     sinks.append(sink)
         run.log = MetricsLog(run.output_dir / "metrics.jsonl", start, total, sinks, enabled=run.is_main)
         try:
-            return self._loop(start, total, examples)
+            return self._loop(start, total, data)
         finally:
             run.log.close()
 
-    def _loop(self, start: int, total: int, examples: Examples) -> dict[str, float]:
+    def _loop(self, start: int, total: int, data: TrainData) -> dict[str, float]:
         run, config = self.run, self.config
         save_every = (
             None
@@ -227,7 +227,7 @@ class Trainer:
         window_start, last_saved, metrics = time.perf_counter(), start, {}
         for step in range(start, total):
             run.step = step + 1
-            loss_sum, tokens, inputs = self._train_step(step, examples.train)
+            loss_sum, tokens, inputs = self._train_step(step, data)
             window_loss += loss_sum
             window_tokens += tokens
             window_inputs += inputs
@@ -250,8 +250,8 @@ class Trainer:
                 window_loss = window_tokens = window_inputs = 0.0
                 window_start = time.perf_counter()
             run.hook.ktrain_on_step_end(run=run, step=run.step, metrics=metrics)
-            if examples.eval and ((eval_every and run.step % eval_every == 0) or run.step == total):
-                eval_metrics = {"eval_loss": self.evaluate(examples.eval)}
+            if data.eval_rows and ((eval_every and run.step % eval_every == 0) or run.step == total):
+                eval_metrics = {"eval_loss": self.evaluate(data.eval_rows, data.eval_packed)}
                 run.log.write(run.step, eval_metrics)
                 run.hook.ktrain_on_eval_end(run=run, step=run.step, metrics=eval_metrics)
             if save_every and (run.step % save_every == 0 or run.step == total) and run.step != last_saved:

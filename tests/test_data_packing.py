@@ -1,0 +1,122 @@
+"""Packing: the bins, and parity: a packed row's summed loss (and gradient) equals its samples' run one by one."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from ktrain.data import packing
+from ktrain.data.batches import collate, row_trained
+from ktrain.data.examples import Example
+from ktrain.data.formats import IGNORE
+from tests.kit import model_dir
+
+LENGTH = 96
+
+
+@pytest.mark.parametrize("method", sorted(packing.METHODS))
+def test_every_sample_lands_once_within_capacity_and_deterministically(method: str) -> None:
+    rng = random.Random(0)
+    lengths = np.array([rng.randint(1, 512) for _ in range(3000)])
+    rows = packing.pack(lengths, 512, method, seed=3)
+    assert sorted(i for row in rows for i in row) == list(range(len(lengths)))
+    assert max(int(lengths[row].sum()) for row in rows) <= 512
+    assert rows == packing.pack(lengths, 512, method, seed=3)
+    lower_bound = -(-int(lengths.sum()) // 512)
+    assert len(rows) <= lower_bound * 1.02, (len(rows), lower_bound)  # both are near-optimal on such lengths
+    with pytest.raises(ValueError, match="sample 1 has 600 tokens, more than a row of 512"):
+        packing.pack(np.array([3, 600]), 512, method, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return model_dir(tmp_path_factory.mktemp("packing"), max_position_embeddings=256)
+
+
+def _model(path: Path, attention: str) -> Any:
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.from_pretrained(path)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention, dtype=torch.float32)
+    model.config.use_cache = False
+    return model
+
+
+def _samples(path: Path) -> list[Example]:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    texts = ["What is 12+30? It is 42.", "Hello", "a b c d e f g h i j k l m n o p", "xyz!", "The end of it all."]
+    out = []
+    for n, text in enumerate(texts):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        labels = [IGNORE] * 3 + ids[3:] if n % 2 else list(ids)  # some samples with a masked prompt
+        out.append(Example(ids, labels))
+    return out
+
+
+def _loss_and_grads(model: Any, batch: dict[str, Any], grads: bool) -> tuple[float, list[torch.Tensor]]:
+    model.zero_grad()
+    loss = model(**batch, num_items_in_batch=torch.tensor(1.0)).loss  # a sum over the trained tokens
+    if not grads:
+        return float(loss), []
+    loss.backward()
+    return float(loss), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "flex_attention"])
+def test_packed_row_loss_equals_its_samples_one_by_one(attention: str, tiny: Path) -> None:
+    """fp32, relative tolerance 1e-5 on the loss and 1e-4 on the gradients (only summation orders differ).
+
+    The samples run one by one through SDPA, with the same weights. FlexAttention has no backward on CPU
+    in PyTorch, and compiles for every new shape, so its packed row is checked once, on the loss alone.
+    """
+    grads = attention != "flex_attention"
+    model = _model(tiny, attention)
+    reference = _model(tiny, "sdpa")
+    samples = _samples(tiny)
+    rows = [samples[:3], samples[3:]]  # two packed rows in one micro-batch, padded to LENGTH
+    with torch.set_grad_enabled(grads):
+        alone = [_loss_and_grads(reference, collate([[e]], pad_id=0), grads) for e in samples]
+        packed_loss, packed_grads = _loss_and_grads(model, collate(rows, 0, LENGTH, attention), grads)
+    assert packed_loss == pytest.approx(sum(loss for loss, _ in alone), rel=1e-5)
+    assert sum(row_trained(r) for r in rows) == sum(e.trained_tokens for e in samples)
+    for n, grad in enumerate(packed_grads):
+        assert torch.allclose(grad, sum(g[n] for _, g in alone), rtol=1e-4, atol=1e-6), n
+    if grads:  # without isolation the same row gives another loss: the test can fail
+        leaky = collate(rows, 0, LENGTH, attention)
+        leaky.pop("attention_mask")
+        leaky["position_ids"] = torch.arange(LENGTH).expand(2, -1)
+        with torch.no_grad():
+            assert _loss_and_grads(model, leaky, False)[0] != pytest.approx(packed_loss, rel=1e-3)
+
+
+def test_packed_batch_layout(tiny: Path) -> None:
+    a, b = Example([5, 6, 7], [5, 6, 7]), Example([8, 9], [IGNORE, 9])
+    batch = collate([[a, b]], pad_id=0, pad_to=7, packed_attention="sdpa")
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 0, 0]]
+    assert batch["labels"].tolist() == [[IGNORE, 6, 7, IGNORE, 9, IGNORE, IGNORE]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1]]
+    mask = batch["attention_mask"][0, 0].int().tolist()
+    assert mask[4] == [0, 0, 0, 1, 1, 0, 0] and mask[2] == [1, 1, 1, 0, 0, 0, 0]
+    flash = collate([[a, b]], pad_id=0, pad_to=7, packed_attention="flash_attention_2")
+    assert "attention_mask" not in flash  # the varlen kernels read the samples from position_ids
+
+
+@pytest.mark.gpu
+def test_flash_varlen_packed_row_matches_samples_one_by_one(tiny: Path) -> None:
+    """On a GPU with flash-attn: packed rows through the varlen kernels, bf16, relative tolerance 2e-2."""
+    pytest.importorskip("flash_attn")
+    model = _model(tiny, "flash_attention_2").to("cuda", torch.bfloat16)
+    samples = _samples(tiny)
+    with torch.no_grad():
+        alone = []
+        for e in samples:
+            batch = {k: v.cuda() for k, v in collate([[e]], pad_id=0).items()}
+            alone.append(float(model(**batch, num_items_in_batch=torch.tensor(1.0)).loss))
+        batch = {k: v.cuda() for k, v in collate([samples], 0, None, "flash_attention_2").items()}
+        packed = float(model(**batch, num_items_in_batch=torch.tensor(1.0)).loss)
+    assert packed == pytest.approx(sum(alone), rel=2e-2)
