@@ -1,0 +1,56 @@
+"""``cpu_ram_efficient_loading``: the weights are read once, by rank 0; the other ranks build the model on meta.
+
+The sharding step then gives every rank its shards from rank 0's copy (FSDP2: a broadcast of the full
+state dict; FSDP1: ``sync_module_states``), so host memory holds one copy of the model per machine,
+not one per rank. A quantized model (``quantization_config``) cannot be built on meta, so it loads on
+every rank as usual.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ktrain import hookimpl
+
+
+class RamEfficientLoader:
+    """Owner of ``model_loader`` under ``cpu_ram_efficient_loading``: the kernel's loader on rank 0 only."""
+
+    def __init__(self, config: Any):
+        self.config = config
+
+    @property
+    def kernel_loader(self) -> Any:
+        from ktrain.builtin.hf_model import HFModel  # imports torch: only inside a run
+
+        return HFModel(self.config)
+
+    @hookimpl
+    def ktrain_load_tokenizer(self, run: Any) -> Any:
+        """The kernel's tokenizer loader, unchanged."""
+        return self.kernel_loader.ktrain_load_tokenizer(run=run)
+
+    @hookimpl
+    def ktrain_load_model(self, run: Any, model_kwargs: dict[str, Any]) -> Any:
+        """Rank 0 loads the weights; every other rank builds the same model on the meta device."""
+        if run.rank == 0 or "quantization_config" in model_kwargs:
+            return self.kernel_loader.ktrain_load_model(run=run, model_kwargs=model_kwargs)
+        import torch
+        import transformers
+
+        from ktrain.builtin.hf_model import attention_implementation
+
+        cfg = self.config
+        auto = getattr(transformers, cfg.model_type or "AutoModelForCausalLM")
+        model_config = transformers.AutoConfig.from_pretrained(
+            cfg.base_model_config or cfg.base_model, trust_remote_code=cfg.trust_remote_code
+        )
+        kwargs = {"attn_implementation": attention_implementation(cfg), "dtype": torch.float32, **model_kwargs}
+        with torch.device("meta"):
+            model = auto.from_config(model_config, trust_remote_code=cfg.trust_remote_code, **kwargs)
+        model.config.use_cache = False
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False}
+            )
+        return model

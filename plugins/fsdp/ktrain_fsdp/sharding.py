@@ -1,0 +1,104 @@
+"""``ktrain_shard`` under FSDP: the data-parallel mesh, the units to shard, then FSDP2 or FSDP1, then the optimizer.
+
+The mesh is the run's ``dp_shard`` dimension, or ``dp_replicate`` x ``dp_shard`` for HSDP (shard inside
+a replica, replicate across). A one-process run gets a process group of one rank, so that it takes the
+same code path as a sharded one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from ktrain.config.report import ConfigError
+from ktrain.engine import param_groups
+from ktrain_fsdp.engine import FsdpEngine
+from ktrain_fsdp.options import FsdpOptions
+
+
+def data_parallel_mesh(run: Any, options: FsdpOptions) -> DeviceMesh:
+    """The mesh FSDP shards over: 1-D ``dp_shard``, or 2-D ``(dp_replicate, dp_shard)`` for HSDP."""
+    mesh = run.device_mesh
+    if mesh is None:
+        if not dist.is_initialized():
+            backend = "nccl" if run.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        mesh = init_device_mesh(run.device.type, (1, 1), mesh_dim_names=("dp_replicate", "dp_shard"))
+    if options.sharding_strategy == "HYBRID_SHARD":
+        return mesh["dp_replicate", "dp_shard"]
+    return mesh["dp_shard"]
+
+
+def layer_key(options: FsdpOptions) -> str:
+    """The key path of the block classes, in the spelling of the version in use."""
+    return "fsdp_config." + ("fsdp_" if options.version == 1 else "") + "transformer_layer_cls_to_wrap"
+
+
+def layer_classes(model: torch.nn.Module, options: FsdpOptions) -> tuple[type, ...]:
+    """The transformer block classes to wrap: as written, or the model's ``_no_split_modules``."""
+    names = options.layer_classes or tuple(getattr(model, "_no_split_modules", None) or ())
+    present = {type(m).__name__: type(m) for m in model.modules()}
+    if not names:
+        raise ConfigError.single(
+            layer_key(options),
+            f"{type(model).__name__} does not name its transformer block; write it (the model's classes: "
+            f"{', '.join(sorted(present))})",
+        )
+    missing = [name for name in names if name not in present]
+    if missing:
+        raise ConfigError.single(
+            layer_key(options),
+            f"{type(model).__name__} has no {', '.join(missing)}; the classes it has: {', '.join(sorted(present))}",
+        )
+    return tuple(present[name] for name in names)
+
+
+def apply_activation_checkpointing(model: torch.nn.Module, classes: tuple[type, ...]) -> None:
+    """Recompute each transformer block in backward (non-reentrant checkpoint wrappers)."""
+    from functools import partial
+
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing as wrap,
+    )
+
+    wrap(
+        model,
+        checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=lambda module: isinstance(module, classes),
+    )
+
+
+def shard(model: Any, run: Any, options: FsdpOptions, build_optimizer: Any, build_lr_scheduler: Any) -> FsdpEngine:
+    """Shard ``model`` as ``options`` say and return the engine the loop drives."""
+    mesh = data_parallel_mesh(run, options)
+    classes = layer_classes(model, options) if options.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" else ()
+    if options.version == 2:
+        from ktrain_fsdp.fsdp2 import apply_fsdp2
+
+        if options.activation_checkpointing:
+            apply_activation_checkpointing(model, classes)
+        apply_fsdp2(model, run, options, mesh, classes)
+        module = model
+    else:
+        from ktrain_fsdp.fsdp1 import apply_fsdp1
+
+        module = apply_fsdp1(model, run, options, mesh, classes)
+        if options.activation_checkpointing:
+            apply_activation_checkpointing(module, classes)
+    optimizer = build_optimizer(param_groups(module, run.config.weight_decay))
+    return FsdpEngine(
+        module,
+        module,
+        optimizer,
+        build_lr_scheduler(optimizer),
+        run.config.max_grad_norm,
+        version=options.version,
+        device=run.device,
+    )

@@ -1,0 +1,298 @@
+"""FSDP keys through the real ``ktrain check``/``run``/``migrate`` commands: migration notes, bad input, roles.
+
+Nothing here trains; each case runs the CLI in process (or, for the import check, in a fresh one).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+import transformers
+import yaml
+
+from ktrain import hookimpl
+from ktrain.cli import main
+from ktrain.config.report import ConfigError
+from ktrain.plugins import PluginError
+from ktrain.resolve import prepare
+from ktrain_fsdp.options import FsdpOptions
+from tests.kit import REPO
+
+SEED = REPO.parent / "shared" / "compat" / "seed"
+
+
+@pytest.fixture
+def sets(tiny_model_dir: Path, tiny_chat_jsonl: Path, tmp_path: Path) -> list[str]:
+    """``--set`` arguments pointing a seed config at the tiny local model and data."""
+    pairs = {
+        "base_model": tiny_model_dir,
+        "datasets": f"[{{path: {tiny_chat_jsonl}, type: chat_template}}]",
+        "output_dir": tmp_path / "out",
+    }
+    return [arg for key, value in pairs.items() for arg in ("--set", f"{key}={value}")]
+
+
+@pytest.fixture
+def write(tiny_model_dir: Path, tiny_chat_jsonl: Path, tmp_path: Path):
+    """Write a config over the tiny model with ``keys`` on top; return its path."""
+
+    def make(**keys: object) -> Path:
+        data = {
+            "base_model": str(tiny_model_dir),
+            "datasets": [{"path": str(tiny_chat_jsonl), "type": "chat_template"}],
+            "output_dir": str(tmp_path / "out"),
+            **keys,
+        }
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        return path
+
+    return make
+
+
+def run_cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def options_of(path: Path, *overrides: str) -> FsdpOptions:
+    plan = prepare(path, list(overrides))
+    return plan.plugins.role_owners()["sharding"].obj.options
+
+
+# ---------------------------------------------------------------------------------------------------
+# The seed article's configs
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["fsdp1.yaml", "fsdp2.yaml"])
+def test_seed_configs_pass_check_without_notes(name: str, sets: list[str], capsys) -> None:
+    code, out, err = run_cli(capsys, "check", SEED / name, *sets)
+    assert code == 0, err
+    assert "sharding, checkpoint_format: 'fsdp' (ktrain-plugin-fsdp" in out
+    assert "model_loader: 'fsdp'" in out  # cpu_ram_efficient_loading: true
+    assert "warning" not in out
+
+
+def test_hsdp_tp_seed_config_fsdp_keys_pass(sets: list[str], capsys) -> None:
+    """hsdp_tp.yaml also needs tensor parallelism (another plugin): no problem of it is an FSDP one."""
+    code, _, err = run_cli(capsys, "check", SEED / "hsdp_tp.yaml", *sets)
+    problems = [line for line in err.splitlines() if line.startswith("  - ")]
+    if code != 0:
+        assert problems and all(line.startswith("  - tensor_parallel_size:") for line in problems), err
+    options = options_of(SEED / "hsdp_tp.yaml", *sets[1::2], "tensor_parallel_size=1", "dp_shard_size=2")
+    assert (options.version, options.sharding_strategy, options.state_dict_type) == (
+        2,
+        "HYBRID_SHARD",
+        "FULL_STATE_DICT",
+    )
+
+
+def test_fsdp1_seed_config_under_version_2_shows_each_new_spelling(sets: list[str], capsys) -> None:
+    code, out, err = run_cli(capsys, "check", SEED / "fsdp1.yaml", "--set", "fsdp_version=2", *sets)
+    assert code == 0, err
+    notes = {line for line in out.splitlines() if line.startswith("warning: fsdp_config.")}
+    expected = {
+        "fsdp_sharding_strategy": "`fsdp_config.reshard_after_forward: true`",
+        "fsdp_offload_params": "`fsdp_config.offload_params: false`",
+        "fsdp_cpu_ram_efficient_loading": "`fsdp_config.cpu_ram_efficient_loading: true`",
+        "fsdp_transformer_layer_cls_to_wrap": "`fsdp_config.transformer_layer_cls_to_wrap: LlamaDecoderLayer`",
+    }
+    assert len(notes) == len(expected), notes
+    for key, spelling in expected.items():
+        assert any(n.startswith(f"warning: fsdp_config.{key}: FSDP1 spelling") and spelling in n for n in notes), key
+    migrated = options_of(SEED / "fsdp1.yaml", "fsdp_version=2", *sets[1::2])
+    assert migrated == options_of(SEED / "fsdp2.yaml", *sets[1::2])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Bad input: each error names its key and says what to do
+# ---------------------------------------------------------------------------------------------------
+
+BAD = [
+    ({"fsdp_version": 2, "fsdp_config": {"fsdp_backward_prefetch": "BACKWARD_PRE"}},
+     "fsdp_config.fsdp_backward_prefetch", "has no FSDP2 meaning"),
+    ({"fsdp_version": 2, "fsdp_config": {"fsdp_use_orig_params": True}},
+     "fsdp_config.fsdp_use_orig_params", "has no FSDP2 meaning"),
+    ({"fsdp_version": 2, "fsdp_config": {"fsdp_sharding_strategy": "NO_SHARD"}},
+     "fsdp_config.fsdp_sharding_strategy", "NO_SHARD has no FSDP2 meaning"),
+    ({"fsdp_version": 2, "fsdp_config": {"fsdp_sharding_strategy": "HYBRID_SHARD"}},
+     "fsdp_config.fsdp_sharding_strategy", "set reshard_after_forward: true and dp_replicate_size"),
+    ({"fsdp_version": 2, "fsdp_config": {"fsdp_sharding_strategy": "SHARD_GRAD_OP", "reshard_after_forward": True}},
+     "fsdp_config.fsdp_sharding_strategy", "remove fsdp_sharding_strategy"),
+    ({"fsdp_version": 1, "fsdp_config": {"reshard_after_forward": False}},
+     "fsdp_config.reshard_after_forward", "under fsdp_version: 1 write fsdp_sharding_strategy"),
+    ({"fsdp_version": 1, "dp_replicate_size": 2},
+     "dp_replicate_size", "HYBRID_SHARD"),
+    ({"fsdp_version": 1, "tensor_parallel_size": 2},
+     "fsdp_version", "set fsdp_version: 2"),
+    ({"fsdp_version": 2, "fsdp_config": {"auto_wrap_policy": "SIZE_BASED_WRAP"}},
+     "fsdp_config.auto_wrap_policy", "needs min_num_params"),
+    ({"fsdp_version": 2, "gradient_checkpointing": True, "fsdp_config": {"activation_checkpointing": True}},
+     "fsdp_config.activation_checkpointing", "keep one"),
+    ({"fsdp_version": 1, "weight_decay": 0.1, "fsdp_config": {"fsdp_use_orig_params": False}},
+     "fsdp_config.fsdp_use_orig_params", "weight_decay"),
+    ({"fsdp_version": 2, "fsdp_config": {"reshard_after_forwad": True}},
+     "fsdp_config.reshard_after_forwad", "did you mean 'reshard_after_forward'"),
+    ({"fsdp_version": 2, "fp16": True}, "fp16", "use bf16: true with FSDP"),
+    ({"fsdp_version": 3}, "fsdp_version", "must be 2 (FSDP2, recommended) or 1"),
+    ({"fsdp": ["full_shard", "zero3"]}, "fsdp", "unknown item 'zero3'"),
+    ({"fsdp_version": 2, "dp_shard_size": 2, "dp_replicate_size": 2}, "dp_replicate_size, dp_shard_size", "to 4"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("keys", "path", "fragment"), BAD, ids=[f"{i}-{case[1]}" for i, case in enumerate(BAD)])
+def test_bad_fsdp_input_stops_run_before_any_rank(keys, path, fragment, write, capsys, tmp_path) -> None:
+    code, out, err = run_cli(capsys, "run", write(**keys), "--nproc-per-node", "2")
+    assert code == 2, out + err
+    problems = [line for line in err.splitlines() if line.startswith("  - ")]
+    assert any(line.startswith(f"  - {path}:") and fragment in line for line in problems), err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()  # stopped before the run directory and the ranks
+
+
+def test_hybrid_shard_with_replicas_and_the_list_form_are_notes(write, capsys) -> None:
+    config = write(
+        fsdp_version=2, dp_replicate_size=2, fsdp=["hybrid_shard", "auto_wrap"], fsdp_config={"offload_params": False}
+    )
+    code, out, err = run_cli(capsys, "check", config, "--world-size", "4")
+    assert code == 0, err
+    assert (
+        "warning: fsdp: FSDP1 spelling under fsdp_version: 2; FSDP2 writes `fsdp_config.reshard_after_forward: true`"
+        in out
+    )
+    assert "dp_replicate 2 x dp_shard 2" in out
+    options = options_of(config)
+    assert (options.sharding_strategy, options.reshard_after_forward) == ("HYBRID_SHARD", True)
+
+
+def test_fsdp_and_deepspeed_in_one_config_name_both(write, capsys) -> None:
+    """The kernel's role check: two plugins claim ``sharding``. The real DeepSpeed plugin when installed."""
+    try:
+        importlib.metadata.distribution("ktrain-plugin-deepspeed")
+        extra: list = []
+    except importlib.metadata.PackageNotFoundError:  # a stand-in with DeepSpeed's key and roles
+        section = attrs.make_class("DeepSpeedKeys", {"deepspeed": attrs.field(default=None)})
+        stand_in = types.ModuleType("deepspeed_stand_in")
+        stand_in.ktrain_register_config = hookimpl(lambda register: register(section))
+        stand_in.ktrain_activate = hookimpl(
+            lambda config, activate: (
+                activate(object(), roles=("sharding", "checkpoint_format"), keys=("deepspeed",))
+                if config.deepspeed
+                else None
+            )
+        )
+        extra = [("deepspeed", stand_in)]
+    config = write(fsdp_version=2, deepspeed={"zero_optimization": {"stage": 3}})
+    with pytest.raises(PluginError) as info:
+        prepare(config, extra_plugins=extra)
+    message = str(info.value)
+    assert "two plugins claim the role 'sharding'" in message
+    assert "'fsdp' (ktrain-plugin-fsdp" in message and "enabled by: fsdp_version" in message
+    assert "enabled by: deepspeed" in message
+
+
+def test_check_with_fsdp_keys_imports_no_torch(sets: list[str]) -> None:
+    code = (
+        "import sys; from ktrain.cli import main; "
+        f"code = main(['check', {str(SEED / 'fsdp2.yaml')!r}, *{sets!r}]); "
+        "sys.exit(code or 3 * ('torch' in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# ---------------------------------------------------------------------------------------------------
+# What needs the model or torch: wrapped classes, mixed precision
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_a_layer_class_the_model_lacks_lists_the_classes_it_has(tiny_model_dir: Path) -> None:
+    from ktrain_fsdp.sharding import layer_classes
+
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tiny_model_dir))
+    assert layer_classes(model, FsdpOptions(version=2)) == (type(model.model.layers[0]),)
+    with pytest.raises(ConfigError) as info:
+        layer_classes(model, FsdpOptions(version=1, layer_classes=("Qwen2DecoderLayer",)))
+    (problem,) = info.value.report.errors
+    assert problem.path == "fsdp_config.fsdp_transformer_layer_cls_to_wrap"
+    assert "has no Qwen2DecoderLayer" in problem.message and "LlamaDecoderLayer" in problem.message
+
+
+def test_mixed_precision_is_compute_dtype_parameters_and_fp32_reductions() -> None:
+    from ktrain_fsdp import fsdp1, fsdp2
+
+    policy = fsdp2.mixed_precision(torch.bfloat16)
+    assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+    assert fsdp2.mixed_precision(torch.float32).param_dtype is None  # fp32: parameters as stored
+    legacy = fsdp1.mixed_precision(torch.bfloat16)
+    assert (legacy.param_dtype, legacy.reduce_dtype, legacy.buffer_dtype) == (torch.bfloat16,) + (torch.float32,) * 2
+    assert fsdp1.mixed_precision(torch.float32) is None
+
+
+# ---------------------------------------------------------------------------------------------------
+# ktrain migrate
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_migrate_rewrites_fsdp1_seed_config_keeping_comments(tmp_path: Path, sets: list[str], capsys) -> None:
+    config = tmp_path / "fsdp1.yaml"
+    shutil.copy(SEED / "fsdp1.yaml", config)
+    before = config.read_text()
+    code, out, _ = run_cli(capsys, "migrate", config, "--dry-run")
+    assert code == 0 and config.read_text() == before
+    code, out, err = run_cli(capsys, "migrate", config)
+    assert code == 0, err
+    assert "-fsdp_version: 1\n+fsdp_version: 2\n" in out
+    assert "\n-  fsdp_sharding_strategy: FULL_SHARD\n" in out and "\n+  reshard_after_forward: true\n" in out
+    assert "alpaca" not in out  # only the migrated lines differ
+    after = config.read_text()
+    assert after.count("# filled in") == before.count("# filled in") and after.startswith("# seed:")
+    assert "fsdp_" not in after.split("fsdp_config:")[1]
+    code, out, err = run_cli(capsys, "check", config, *sets)
+    assert code == 0 and "warning" not in out, out + err
+    assert options_of(config, *sets[1::2]) == options_of(SEED / "fsdp2.yaml", *sets[1::2])
+    code, out, _ = run_cli(capsys, "migrate", config)
+    assert code == 0 and "already an FSDP2 config" in out
+
+
+def test_migrate_removes_keys_without_meaning_and_needs_replicas_for_hybrid(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "run.yaml"
+    text = (
+        "fsdp:\n  - hybrid_shard\n  - auto_wrap\n"
+        "fsdp_config:\n"
+        "  fsdp_offload_params: false  # stay on the GPU\n"
+        "  fsdp_backward_prefetch: BACKWARD_PRE\n"
+        "  fsdp_use_orig_params: true\n"
+    )
+    config.write_text(text)
+    code, _, err = run_cli(capsys, "migrate", config)
+    assert code == 2 and "--dp-replicate-size" in err and config.read_text() == text
+    code, out, err = run_cli(capsys, "migrate", config, "--dp-replicate-size", "2")
+    assert code == 0, err
+    assert "fsdp_config.fsdp_backward_prefetch: removed, it has no FSDP2 meaning" in out
+    migrated = yaml.safe_load(config.read_text())
+    assert migrated == {
+        "dp_replicate_size": 2,
+        "fsdp_version": 2,
+        "fsdp_config": {
+            "offload_params": False,
+            "reshard_after_forward": True,
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        },
+    }
+    assert re.search(r"\n  offload_params: false +# stay on the GPU\n", config.read_text())
+    config.write_text("fsdp_config:\n  fsdp_sharding_strategy: NO_SHARD\n")
+    code, _, err = run_cli(capsys, "migrate", config)
+    assert code == 2 and "NO_SHARD has no FSDP2 meaning" in err
+    assert config.read_text() == "fsdp_config:\n  fsdp_sharding_strategy: NO_SHARD\n"
