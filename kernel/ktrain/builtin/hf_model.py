@@ -71,8 +71,12 @@ class HFModel:
             model_config = transformers.AutoConfig.from_pretrained(
                 cfg.base_model_config or cfg.base_model, trust_remote_code=cfg.trust_remote_code
             )
-            kwargs.pop("quantization_config", None)
+            quantization = kwargs.pop("quantization_config", None)
             model = auto.from_config(model_config, trust_remote_code=cfg.trust_remote_code, **kwargs)
+            if quantization is not None:  # quantized as from_pretrained quantizes weights read from disk
+                model = type(model).from_pretrained(
+                    None, config=model.config, state_dict=model.state_dict(), quantization_config=quantization, **kwargs
+                )
         else:
             local = Path(cfg.base_model)
             if local.is_dir() and not any((local / name).exists() for name in WEIGHT_FILES):

@@ -1,8 +1,9 @@
-"""Default owner of ``checkpoint_format``: full model and optimizer state, written by rank 0.
+"""Default owner of ``checkpoint_format``: the model's trained state and the optimizer, written by rank 0.
 
-For one process and DDP, where every rank holds the whole model: ``model.safetensors`` (safetensors'
-``save_model`` keeps tied weights once), ``optimizer.pt`` and ``scheduler.pt``. A checkpoint of this
-format resumes on any number of ranks.
+For one process and DDP, where every rank holds the whole model: ``model.safetensors`` (the parameters
+that train, tied weights once, and the buffers), ``optimizer.pt`` and ``scheduler.pt``. Frozen parameters
+(an adapter's base) are not saved: a resumed run rebuilds them from ``base_model`` as the first run did.
+For a full fine-tune that is the whole model. A checkpoint of this format resumes on any number of ranks.
 """
 
 from __future__ import annotations
@@ -11,11 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, load_model, save_model
+from safetensors.torch import load_file, save_file
 
 from ktrain import hookimpl
 
 FORMAT = "ktrain-full"
+
+
+def saved_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint holds of ``model``: trainable parameters (tied ones once) and persistent buffers."""
+    state = model.state_dict()
+    names = {n for n, p in model.named_parameters() if p.requires_grad} | {n for n, _ in model.named_buffers()}
+    return {k: v.detach().contiguous() for k, v in state.items() if k in names}
 
 
 def read_state_dict(path: Path, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -32,7 +40,7 @@ class LocalCheckpoint:
     @hookimpl(trylast=True)
     def ktrain_save_checkpoint(self, engine: Any, run: Any, path: Path) -> dict[str, Any]:
         if run.is_main:
-            save_model(engine.model, str(path / "model.safetensors"))
+            save_file(saved_state(engine.model), str(path / "model.safetensors"))
             torch.save(engine.optimizer.state_dict(), path / "optimizer.pt")
             torch.save(engine.lr_scheduler.state_dict(), path / "scheduler.pt")
         return {"format": FORMAT}
@@ -44,7 +52,11 @@ class LocalCheckpoint:
                 f"resume: {path} is a '{manifest.get('format')}' checkpoint written by {manifest.get('plugin')}; "
                 f"this run saves '{FORMAT}' (no sharding plugin). Enable the plugin that wrote it."
             )
-        load_model(engine.model, str(path / "model.safetensors"), device=str(run.device))
+        state = load_file(path / "model.safetensors", device=str(run.device))
+        lacking = saved_state(engine.model).keys() - state.keys()
+        if lacking:
+            raise ValueError(f"resume: {path} lacks {', '.join(sorted(lacking)[:3])}; it was written for another model")
+        engine.model.load_state_dict(state, strict=False)
         engine.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=run.device, weights_only=False))
         engine.lr_scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
         return True

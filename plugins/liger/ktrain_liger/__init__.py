@@ -1,0 +1,1 @@
+"""ktrain-plugin-liger: Liger's Triton kernels patched into Hugging Face models."""

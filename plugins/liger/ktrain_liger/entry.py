@@ -1,0 +1,82 @@
+"""Entry module of ktrain-plugin-liger: one key per Liger op, and each op a claimed role.
+
+Imports nothing heavy: liger-kernel (and Triton) are imported by the runtime object, which is
+activated only when a ``liger_*`` key is true. Each op it patches is the role ``op:<name>``, so two
+plugins that patch one op stop the run before it starts, both named.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ktrain import hookimpl
+from ktrain.config.keys import key
+
+# key -> the op it patches (the role is op:<op>); liger_swiglu is the older spelling of liger_glu_activation.
+OPS = {
+    "liger_rope": "rope",
+    "liger_rms_norm": "rms_norm",
+    "liger_glu_activation": "swiglu",
+    "liger_swiglu": "swiglu",
+    "liger_layer_norm": "layer_norm",
+    "liger_cross_entropy": "cross_entropy",
+    "liger_fused_linear_cross_entropy": "fused_linear_cross_entropy",
+}
+KTRAIN_ROLES = tuple(f"op:{op}" for op in dict.fromkeys(OPS.values()))
+
+
+@attrs.define(kw_only=True)
+class LigerKeys:
+    """Liger kernels: fused Triton kernels that replace ops of Hugging Face models (CUDA GPUs only)."""
+
+    liger_rope: bool = key(False, "Liger's rotary position embedding kernel")
+    liger_rms_norm: bool = key(False, "Liger's RMSNorm kernel")
+    liger_glu_activation: bool = key(False, "Liger's fused SwiGLU (or GeGLU, for Gemma) MLP activation")
+    liger_swiglu: bool | None = key(None, "older spelling of liger_glu_activation")
+    liger_layer_norm: bool = key(False, "Liger's LayerNorm kernel (architectures that use LayerNorm)")
+    liger_cross_entropy: bool = key(False, "Liger's cross entropy over the materialized logits")
+    liger_fused_linear_cross_entropy: bool = key(
+        False, "the output layer and the cross entropy fused, in chunks: the logits are never materialized"
+    )
+
+
+def requested(config: Any) -> dict[str, str]:
+    """The keys set true, each with the op it patches (``liger_swiglu`` stands for ``liger_glu_activation``)."""
+    chosen = {name: op for name, op in OPS.items() if getattr(config, name)}
+    if "liger_glu_activation" in chosen:
+        chosen.pop("liger_swiglu", None)
+    return chosen
+
+
+@hookimpl
+def ktrain_register_config(register) -> None:
+    register(LigerKeys)
+
+
+@hookimpl
+def ktrain_validate_config(config: Any, report: Any) -> None:
+    """Conflicting spellings and ops; the GPU and the architecture are checked on the ranks, before training."""
+    if config.liger_swiglu is not None and config.is_set("liger_glu_activation"):
+        if config.liger_swiglu != config.liger_glu_activation:
+            report.error("liger_swiglu", "contradicts liger_glu_activation, its newer spelling; keep one")
+        else:
+            report.warn("liger_swiglu", "is the older spelling of liger_glu_activation; keep one")
+    if config.liger_cross_entropy and config.liger_fused_linear_cross_entropy:
+        report.error(
+            "liger_cross_entropy",
+            "liger_fused_linear_cross_entropy already computes the loss; set one of the two",
+        )
+
+
+@hookimpl
+def ktrain_activate(config: Any, activate) -> None:
+    """Patch the requested ops, claiming ``op:<name>`` for each."""
+    chosen = requested(config)
+    if not chosen:
+        return
+    from ktrain_liger.runtime import Liger
+
+    ops = tuple(dict.fromkeys(chosen.values()))
+    activate(Liger(config, chosen), roles=tuple(f"op:{op}" for op in ops), keys=tuple(chosen))

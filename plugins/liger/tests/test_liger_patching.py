@@ -1,0 +1,153 @@
+"""Liger on CPU, as far as it goes without running Triton: what is patched, what stops a run, what conflicts.
+
+Patching binds Liger's forwards onto the modules of a real tiny Llama and Qwen3 model (no kernel runs
+until a forward, which needs a GPU). liger-kernel also replaces functions of the architecture's module
+(``apply_rotary_pos_emb``, the classes) for the whole process, so the fixture restores them.
+"""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+import yaml
+from transformers.models.llama import modeling_llama
+from transformers.models.qwen3 import modeling_qwen3
+
+from ktrain import hookimpl
+from ktrain.cli import main
+from ktrain.plugins import PluginError
+from ktrain.resolve import prepare
+from ktrain_liger.patch import patch, unsupported
+from tests.kit import dataset, ktrain, model_dir, write_config
+
+SMALL = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+SMALL_HEADS = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+
+
+@pytest.fixture
+def restored():
+    """Put back what liger-kernel replaces process-wide in the modules it patches."""
+    modules = (modeling_llama, modeling_qwen3, torch.nn.functional)
+    saved = [dict(vars(m)) for m in modules]
+    yield
+    for module, before in zip(modules, saved, strict=True):
+        for name in set(vars(module)) - set(before):
+            delattr(module, name)
+        for name, value in before.items():
+            if vars(module).get(name) is not value:
+                setattr(module, name, value)
+
+
+@pytest.mark.parametrize(
+    ("config", "norms"),
+    [
+        (transformers.LlamaConfig(**SMALL, **SMALL_HEADS), 5),  # 2 per block and the final norm
+        (transformers.Qwen3Config(**SMALL, **SMALL_HEADS), 9),  # Qwen3 adds q_norm and k_norm per block
+    ],
+    ids=["llama", "qwen3"],
+)
+def test_patching_replaces_exactly_the_requested_ops(restored, config, norms: int) -> None:
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    modeling = modeling_llama if config.model_type == "llama" else modeling_qwen3
+    rope, cross_entropy, forward = modeling.apply_rotary_pos_emb, torch.nn.functional.cross_entropy, model.forward
+    done = patch(model, {"rms_norm", "swiglu", "fused_linear_cross_entropy"})
+    assert done == {
+        "rms_norm": f"{norms} LigerRMSNorm",
+        "swiglu": "2 LigerSwiGLUMLP",
+        "fused_linear_cross_entropy": "function",
+    }
+    names = {name: m._get_name() for name, m in model.named_modules()}
+    assert sum(n == "LigerRMSNorm" for n in names.values()) == norms
+    assert names["model.layers.0.mlp"] == names["model.layers.1.mlp"] == "LigerSwiGLUMLP"
+    assert model.forward.__func__ is not forward.__func__  # the fused loss forward, bound to this model
+    assert model.forward.__func__.__module__.startswith("liger_kernel")
+    # not asked for: left alone
+    assert modeling.apply_rotary_pos_emb is rope
+    assert torch.nn.functional.cross_entropy is cross_entropy
+    assert names["model.layers.0.self_attn"] == type(model.model.layers[0].self_attn).__name__
+    assert names["model.embed_tokens"] == "Embedding"
+
+
+def test_rope_and_cross_entropy_replace_functions(restored) -> None:
+    model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**SMALL, **SMALL_HEADS))
+    rope = modeling_llama.apply_rotary_pos_emb
+    assert patch(model, {"rope", "cross_entropy"}) == {"rope": "function", "cross_entropy": "function"}
+    assert modeling_llama.apply_rotary_pos_emb is not rope
+    assert torch.nn.functional.cross_entropy.__module__.startswith("liger_kernel")
+    assert all(m._get_name() != "LigerRMSNorm" for m in model.modules())
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    model_dir(tmp_path)
+    dataset(tmp_path, 40)
+    return tmp_path
+
+
+def test_a_cpu_run_stops_before_training_naming_the_key(root: Path) -> None:
+    config = write_config(root, liger_rms_norm=True, liger_glu_activation=True)
+    done = ktrain("run", str(config))
+    assert done.returncode == 2, done.stderr
+    assert "liger_rms_norm: Liger kernels need a CUDA GPU; remove the liger_* keys for a CPU run" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (root / "out" / "metrics.jsonl").exists()
+
+
+def test_an_architecture_liger_lacks_stops_before_training(root: Path) -> None:
+    model_dir(root, model_type="gpt2", architectures=["GPT2LMHeadModel"], n_embd=64, n_layer=2, n_head=4)
+    config = write_config(root, liger_swiglu=True)  # the older spelling of liger_glu_activation
+    done = ktrain("run", str(config))
+    assert done.returncode == 2, done.stderr
+    assert "liger_swiglu: liger-kernel has no kernels for model_type 'gpt2'" in done.stderr
+    assert not (root / "out" / "metrics.jsonl").exists()
+
+
+def test_an_op_the_architecture_lacks_is_named() -> None:
+    found = unsupported("llama", {"liger_layer_norm": "layer_norm", "liger_rope": "rope"})
+    assert list(found) == ["liger_layer_norm"]  # Llama has a rope kernel, no LayerNorm
+    assert "no layer_norm kernel for model_type 'llama' (it has: cross_entropy, " in found["liger_layer_norm"]
+    assert "gemma" in str(unsupported("gpt2", {"liger_rope": "rope"}))  # the architectures it has
+
+
+def _check(root: Path, capsys, **keys: object) -> tuple[int, str]:
+    path = write_config(root, "check.yaml", **keys)
+    code = main(["check", str(path)])
+    out = capsys.readouterr()
+    return code, out.err + out.out
+
+
+def test_check_passes_on_cpu_and_names_conflicting_keys(root: Path, capsys) -> None:
+    code, out = _check(root, capsys, liger_rope=True, liger_rms_norm=True, liger_fused_linear_cross_entropy=True)
+    assert code == 0, out
+    assert "op:rope, op:rms_norm, op:fused_linear_cross_entropy: 'liger' (ktrain-plugin-liger" in out
+    code, out = _check(root, capsys, liger_cross_entropy=True, liger_fused_linear_cross_entropy=True)
+    assert code == 2 and "liger_cross_entropy: liger_fused_linear_cross_entropy already computes the loss" in out
+    code, out = _check(root, capsys, liger_swiglu=False, liger_glu_activation=True)
+    assert code == 2 and "liger_swiglu: contradicts liger_glu_activation" in out
+    code, out = _check(root, capsys, liger_rms_norm="yes")
+    assert code == 2 and "liger_rms_norm: expected a boolean" in out
+
+
+def test_two_plugins_patching_one_op_stop_naming_both(root: Path) -> None:
+    class OtherNorm:
+        @hookimpl
+        def ktrain_wrap_model(self, model, run):
+            return None
+
+    def ktrain_activate(config, activate):
+        activate(OtherNorm(), roles=("op:rms_norm",), keys=("base_model",))
+
+    other = types.ModuleType("other_norm")
+    other.ktrain_activate = hookimpl(ktrain_activate)
+    path = write_config(root, "conflict.yaml", liger_rms_norm=True)
+    with pytest.raises(PluginError) as caught:
+        prepare(path, extra_plugins=[("other_norm", other)])
+    message = str(caught.value)
+    assert "two plugins claim the role 'op:rms_norm'" in message
+    assert "'liger' (ktrain-plugin-liger" in message and "enabled by: liger_rms_norm" in message
+    assert "'other_norm'" in message
+    assert yaml.safe_load(path.read_text())["liger_rms_norm"] is True

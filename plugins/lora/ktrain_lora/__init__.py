@@ -1,0 +1,1 @@
+"""ktrain-plugin-lora: LoRA, QLoRA and DoRA adapters through peft and bitsandbytes."""

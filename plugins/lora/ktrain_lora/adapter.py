@@ -1,0 +1,98 @@
+"""The peft adapter: its ``LoraConfig`` from the keys, attaching it to the base, and saving it.
+
+The base is frozen in whatever dtype it was loaded in (4-bit or 8-bit weights stay quantized); the
+adapter's own weights, and modules trained in full (``lora_modules_to_save``), are fp32 master weights
+like every trained parameter in ktrain.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import peft
+import torch
+
+from ktrain.config.report import ConfigError
+from ktrain_lora.entry import quantization_bits
+from ktrain_lora.quantization import keep_training_layout
+
+
+def _linear_names(model: torch.nn.Module) -> set[str]:
+    """Last name parts of every linear layer (full-precision or bitsandbytes) except the output layer."""
+    import bitsandbytes as bnb
+
+    kinds = (torch.nn.Linear, bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, kinds) and m is not output}
+
+
+def target_modules(model: torch.nn.Module, config: Any) -> list[str] | str | None:
+    """``lora_target_linear`` (every linear layer) together with ``lora_target_modules``; None: peft's default."""
+    named = config.lora_target_modules
+    if not config.lora_target_linear:
+        return named
+    if named is None:
+        return "all-linear"
+    if isinstance(named, str):
+        raise ConfigError.single(
+            "lora_target_modules", "is a regex, which cannot be joined with lora_target_linear: true; give a list"
+        )
+    return sorted(_linear_names(model) | set(named))
+
+
+def lora_config(model: torch.nn.Module, config: Any) -> peft.LoraConfig:
+    """The ``LoraConfig`` the keys describe."""
+    return peft.LoraConfig(
+        task_type="CAUSAL_LM",
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=target_modules(model, config),
+        modules_to_save=config.lora_modules_to_save,
+        use_dora=config.peft_use_dora,
+        use_rslora=config.peft_use_rslora,
+    )
+
+
+def _target_key(config: Any) -> str:
+    if config.is_set("lora_target_modules"):
+        return "lora_target_modules"
+    return "lora_target_linear" if config.lora_target_linear else "adapter"
+
+
+def attach(model: torch.nn.Module, config: Any) -> peft.PeftModel:
+    """Freeze ``model`` and wrap it in the adapter; a wrong module name is a ``ConfigError`` naming its key."""
+    if quantization_bits(config) == 4:
+        keep_training_layout(model)
+    if config.lora_model_dir:
+        wrapped = peft.PeftModel.from_pretrained(model, config.lora_model_dir, is_trainable=True)
+    else:
+        try:
+            wrapped = peft.get_peft_model(model, lora_config(model, config))
+        except ValueError as e:
+            raise ConfigError.single(
+                _target_key(config),
+                f"{e} Modules of this model: {', '.join(sorted(_linear_names(model)))} "
+                "(or set lora_target_linear: true)",
+            ) from None
+    for param in wrapped.parameters():
+        if param.requires_grad and param.dtype != torch.float32:
+            param.data = param.data.float()
+    return wrapped
+
+
+def adapter_names(model: peft.PeftModel) -> set[str]:
+    """Names (in ``model.state_dict()``) of the tensors that make up the adapter: the trained ones."""
+    return {name for name, p in model.named_parameters() if p.requires_grad}
+
+
+def save_adapter(model: peft.PeftModel, state: dict[str, torch.Tensor], path: Path, base_model: str) -> None:
+    """Write the adapter part of ``state`` (the whole model's state, gathered) as peft's adapter folder.
+
+    ``adapter_config.json`` names ``base_model``; embedding layers are saved only when trained
+    (``lora_modules_to_save``), so peft never looks the base up on the hub to guess.
+    """
+    for adapter in model.peft_config.values():
+        adapter.base_model_name_or_path = base_model
+    model.save_pretrained(path, state_dict=state, safe_serialization=True, save_embedding_layers=False)
