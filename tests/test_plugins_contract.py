@@ -25,7 +25,7 @@ import ktrain
 from ktrain import hookimpl, hookspecs
 from ktrain.cli import EXIT_BAD_INPUT, main
 from ktrain.config.report import ConfigError
-from ktrain.plugins import DEFAULT_OWNERS, PluginError, discover
+from ktrain.plugins import DEFAULT_OWNERS, OWNED_HOOKS, PluginError, discover
 from ktrain.resolve import prepare
 
 BUILTIN = Path(ktrain.__file__).parent / "builtin"
@@ -231,6 +231,62 @@ def test_plugin_mesh_dimensions_join_the_mesh(config) -> None:
     ep.ktrain_collect_mesh_dims = hookimpl(lambda config: {"tp": 2})
     with pytest.raises(ConfigError, match="tp: mesh dimension declared twice"):
         prepare(config(ep_on=True), extra_plugins=[("ep_plugin", ep)])
+
+
+def _activating(name: str, runtime: object, roles: tuple[str, ...]) -> types.ModuleType:
+    def ktrain_activate(config, activate):
+        activate(runtime, roles=roles)
+
+    return plugin(name, ktrain_activate=ktrain_activate)
+
+
+def test_a_runtime_object_answering_a_role_hook_without_claiming_the_role_is_refused(config) -> None:
+    class Sharder:
+        @hookimpl
+        def ktrain_shard(self, model, run, build_optimizer, build_lr_scheduler):
+            return None
+
+    with pytest.raises(PluginError) as info:
+        prepare(config(), extra_plugins=[("sly", _activating("sly", Sharder(), ()))])
+    message = str(info.value)
+    assert "'sly'" in message and "(registered in process)" in message
+    assert "ktrain_shard" in message and "'sharding'" in message and "Sharder" in message
+
+
+def test_claiming_one_role_does_not_cover_the_hooks_of_another(config) -> None:
+    class Sharder:
+        @hookimpl
+        def ktrain_shard(self, model, run, build_optimizer, build_lr_scheduler):
+            return None
+
+        @hookimpl
+        def ktrain_save_checkpoint(self, engine, run, path):
+            return None
+
+    with pytest.raises(PluginError, match=r"'half'.*ktrain_save_checkpoint.*'checkpoint_format'"):
+        prepare(config(), extra_plugins=[("half", _activating("half", Sharder(), ("sharding",)))])
+    plan = prepare(
+        config(), extra_plugins=[("whole", _activating("whole", Sharder(), ("sharding", "checkpoint_format")))]
+    )
+    assert plan.plugins.role_owners()["checkpoint_format"].plugin.name == "whole"
+
+
+def test_an_entry_module_answering_a_role_hook_is_refused_at_discover() -> None:
+    exporter = plugin("exporter", ktrain_export_model=lambda engine, run, path: True)
+    with pytest.raises(PluginError) as info:
+        discover([("exporter", exporter)])
+    message = str(info.value)
+    assert "'exporter'" in message and "ktrain_export_model" in message and "entry module" in message
+    assert "roles=('export',)" in message
+
+
+def test_every_first_result_hook_belongs_to_a_role() -> None:
+    first_result = {
+        n for n, spec in vars(hookspecs).items() if n.startswith("ktrain_") and spec.ktrain_spec["firstresult"]
+    }
+    assert set(OWNED_HOOKS) == first_result
+    for name, role in OWNED_HOOKS.items():
+        assert f"``{role}``" in textwrap.dedent(getattr(hookspecs, name).__doc__), name
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -32,6 +32,18 @@ DEFAULT_OWNERS: dict[str, str] = {
     "checkpoint_format": "ktrain.builtin.local_checkpoint:LocalCheckpoint",
 }
 
+# hook -> the role whose owner alone may implement it (the first-result hooks: one answer per run).
+OWNED_HOOKS: dict[str, str] = {
+    "ktrain_load_tokenizer": "model_loader",
+    "ktrain_load_model": "model_loader",
+    "ktrain_shard": "sharding",
+    "ktrain_build_optimizer": "optimizer",
+    "ktrain_build_lr_scheduler": "lr_scheduler",
+    "ktrain_save_checkpoint": "checkpoint_format",
+    "ktrain_load_checkpoint": "checkpoint_format",
+    "ktrain_export_model": "export",
+}
+
 
 class PluginError(Exception):
     """A plugin could not be loaded, or two plugins claim one role; the message names them."""
@@ -138,7 +150,24 @@ def discover(extra: Iterable[tuple[str, Any]] = ()) -> Plugins:
             raise PluginError(f"plugin {info.describe()} is not valid: {e}") from None
     plugins = Plugins(pm, infos)
     _check_pending(plugins)
+    for info in infos:
+        _check_owned_hooks(plugins, info, info.module, ())
     return plugins
+
+
+def _check_owned_hooks(plugins: Plugins, info: PluginInfo, obj: Any, roles: tuple[str, ...]) -> None:
+    """Raise ``PluginError`` naming the plugin and the hook when ``obj`` answers a role's hook without claiming it."""
+    for caller in plugins.pm.get_hookcallers(obj) or ():
+        role = OWNED_HOOKS.get(caller.name)
+        if role is None or role in roles:
+            continue
+        if obj is info.module:
+            where = f"in its entry module {info.module.__name__}, which takes part in every run"
+            fix = f"move it to a runtime object activated with activate(obj, roles=('{role}',))"
+        else:
+            where = f"on its runtime object {type(obj).__name__} without claiming the role '{role}'"
+            fix = f"pass roles=('{role}', ...) to activate(), or remove the hook"
+        raise PluginError(f"plugin {info.describe()} implements {caller.name} {where}: {fix}")
 
 
 def _check_pending(plugins: Plugins) -> None:
@@ -183,6 +212,7 @@ def activate(plugins: Plugins, config: Any, *, with_defaults: bool) -> None:
                 plugins.pm.register(obj, name=f"{_info.name}:{type(obj).__name__}:{len(plugins.activations)}")
             except (pluggy.PluginValidationError, ValueError) as e:
                 raise PluginError(f"plugin {_info.describe()} activated an invalid object: {e}") from None
+            _check_owned_hooks(plugins, _info, obj, act.roles)
 
         args = {"config": config, "activate": register}
         impl.function(**{name: args[name] for name in impl.argnames})
