@@ -317,7 +317,11 @@ def ktrain_on_train_start(run: Any, engine: Any) -> None:
 
 @hookspec
 def ktrain_on_step_end(run: Any, step: int, metrics: dict[str, float]) -> None:
-    """Called on every rank after each optimizer step; ``metrics`` holds the step's loss and lr."""
+    """Called on every rank after each optimizer step.
+
+    ``metrics`` holds ``lr`` and ``grad_norm`` of the step; on logged steps (``logging_steps``) also the
+    loss over the window and the rest of what metrics.jsonl gets.
+    """
 
 
 @hookspec

@@ -249,6 +249,8 @@ class Trainer:
                 run.log.write(run.step, metrics)
                 window_loss = window_tokens = window_inputs = 0.0
                 window_start = time.perf_counter()
+            else:  # the loss is reduced over ranks on logged steps only
+                metrics = {"lr": self.engine.lr(), "grad_norm": self.grad_norm}
             run.hook.ktrain_on_step_end(run=run, step=run.step, metrics=metrics)
             if data.eval_rows and ((eval_every and run.step % eval_every == 0) or run.step == total):
                 eval_metrics = {"eval_loss": self.evaluate(data.eval_rows, data.eval_packed)}
