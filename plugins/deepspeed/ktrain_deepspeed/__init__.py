@@ -1,0 +1,1 @@
+"""ktrain-plugin-deepspeed: DeepSpeed ZeRO 1, 2 and 3 for ktrain, enabled by ``deepspeed:``."""

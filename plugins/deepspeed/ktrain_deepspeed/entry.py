@@ -1,0 +1,78 @@
+"""The entry module of ktrain-plugin-deepspeed: the ``deepspeed`` key, its checks, ``ktrain fetch``, the reader.
+
+Imports nothing heavy. When ``deepspeed:`` is written, ``ktrain_activate`` registers the runtime object
+(``ktrain_deepspeed.runtime``), which claims the roles ``sharding`` and ``checkpoint_format`` and imports
+DeepSpeed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ktrain import hookimpl
+from ktrain.config.keys import key
+from ktrain.registry import lazy
+from ktrain_deepspeed import checks, presets
+from ktrain_deepspeed.source import SourceError, read
+
+KTRAIN_ROLES = ("sharding", "checkpoint_format")
+FORMAT = "deepspeed"
+
+
+@attrs.define(kw_only=True)
+class DeepSpeedKeys:
+    """The key that turns DeepSpeed ZeRO on."""
+
+    deepspeed: str | dict[str, Any] | None = key(
+        None,
+        "DeepSpeed ZeRO: a JSON file, an inline mapping, or a preset (zero1, zero2, zero3, zero3_bf16, "
+        'zero3_bf16_cpuoffload_params, zero3_bf16_cpuoffload_all); "auto" values are filled from ktrain\'s keys',
+    )
+
+
+@hookimpl
+def ktrain_register_config(register) -> None:
+    """Declare ``deepspeed``."""
+    register(DeepSpeedKeys)
+
+
+@hookimpl
+def ktrain_validate_config(config: Any, report: Any) -> None:
+    """Read ``deepspeed:`` and check it against the rest of the config (DeepSpeed's own check is the runtime's)."""
+    if config.deepspeed is None:
+        return
+    try:
+        source = read(config.deepspeed)
+    except SourceError as e:
+        report.error("deepspeed", str(e))
+        return
+    checks.check(source, config, report)
+
+
+@hookimpl
+def ktrain_activate(config: Any, activate) -> None:
+    """Take the ``sharding`` and ``checkpoint_format`` roles when ``deepspeed`` is written."""
+    if config.deepspeed is None:
+        return
+    from ktrain_deepspeed.runtime import DeepSpeedRuntime
+
+    activate(DeepSpeedRuntime(config), roles=KTRAIN_ROLES, keys=("deepspeed",))
+
+
+@hookimpl
+def ktrain_register_commands(register) -> None:
+    """``ktrain fetch deepspeed_configs [DIR]``: copy the installed presets into a folder, offline."""
+    register(
+        "fetch",
+        "copy the DeepSpeed presets into a folder: fetch deepspeed_configs [DIR]",
+        presets.configure,
+        presets.run,
+    )
+
+
+@hookimpl
+def ktrain_register_checkpoint_formats(register) -> None:
+    """``ktrain export`` consolidates ``deepspeed`` checkpoints to fp32 on one CPU process."""
+    register(FORMAT, lazy("ktrain_deepspeed.checkpoint:read_state_dict"))
