@@ -123,8 +123,19 @@ CASES = [
     Case("mesh_size_zero", BASE + "dp_replicate_size: 0\n", ("dp_replicate_size:", "positive number of ranks")),
     Case("world_size_zero", BASE, ("--world-size:", "positive"), args=("--world-size", "0")),
     Case("dp_shard_without_plugin", BASE + "dp_shard_size: 2\n", ("dp_shard_size:", "sharding plugin")),
-    Case("tp_without_plugin", BASE + "tensor_parallel_size: 2\n", ("tensor_parallel_size:", "ktrain-plugin-parallel")),
-    Case("cp_without_plugin", BASE + "context_parallel_size: 2\n", ("context_parallel_size:", "'cp' dimension")),
+    Case(
+        "tp_without_plugin",
+        BASE + "tensor_parallel_size: 2\n",
+        ("tensor_parallel_size:", "ktrain-plugin-parallel"),
+        needs_absent="ktrain-plugin-parallel",
+    ),
+    Case(
+        "cp_without_plugin",
+        BASE + "context_parallel_size: 2\n",
+        ("context_parallel_size:", "'cp' dimension"),
+        needs_absent="ktrain-plugin-parallel",
+    ),
+    Case("tp_without_fsdp2", BASE + "tensor_parallel_size: 2\n", ("tensor_parallel_size:", "needs fsdp_version: 2")),
     # Relations between keys.
     Case("warmup_both", BASE + "warmup_steps: 10\nwarmup_ratio: 0.1\n", ("warmup_ratio:", "not both")),
     Case("warmup_ratio_range", BASE + "warmup_ratio: 1.5\n", ("warmup_ratio:", "[0, 1)")),

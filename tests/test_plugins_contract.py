@@ -216,11 +216,12 @@ def test_a_key_declared_twice_names_both_owners(config) -> None:
 
 
 def test_a_mesh_dimension_needs_an_owner(config) -> None:
-    with pytest.raises(ConfigError, match="tensor_parallel_size: no active plugin parallelizes the 'tp' dimension"):
-        prepare(config(tensor_parallel_size=2))
-    tp = claiming("tp_plugin", "tp_on", ("mesh:tp",))
-    plan = prepare(config(tensor_parallel_size=2, tp_on=True), world_size=4, extra_plugins=[("tp_plugin", tp)])
-    assert plan.mesh.dims == {"dp_replicate": 2, "dp_shard": 1, "cp": 1, "tp": 2}
+    ep = plugin("ep_plugin", ktrain_collect_mesh_dims=lambda config: {"ep": 2})
+    with pytest.raises(ConfigError, match="ep: no active plugin parallelizes the 'ep' dimension"):
+        prepare(config(), extra_plugins=[("ep_plugin", ep)])
+    owner = claiming("ep_owner", "ep_on", ("mesh:ep",))
+    plan = prepare(config(ep_on=True), world_size=4, extra_plugins=[("ep_plugin", ep), ("ep_owner", owner)])
+    assert plan.mesh.dims == {"dp_replicate": 2, "dp_shard": 1, "cp": 1, "tp": 1, "ep": 2}
 
 
 def test_plugin_mesh_dimensions_join_the_mesh(config) -> None:
@@ -228,9 +229,16 @@ def test_plugin_mesh_dimensions_join_the_mesh(config) -> None:
     ep.ktrain_collect_mesh_dims = hookimpl(lambda config: {"ep": 2} if config.ep_on else None)
     plan = prepare(config(ep_on=True), world_size=2, extra_plugins=[("ep_plugin", ep)])
     assert plan.mesh.dims["ep"] == 2 and plan.mesh.world_size == 2
-    ep.ktrain_collect_mesh_dims = hookimpl(lambda config: {"tp": 2})
-    with pytest.raises(ConfigError, match="tp: mesh dimension declared twice"):
-        prepare(config(ep_on=True), extra_plugins=[("ep_plugin", ep)])
+
+
+def test_a_plugin_sizes_a_kernel_dimension_only_when_its_key_is_unset(config) -> None:
+    """As sequence_parallel_degree sizes cp: allowed while context_parallel_size is unset, else an error."""
+    sp = claiming("sp_plugin", "sp_on", ("mesh:cp",))
+    sp.ktrain_collect_mesh_dims = hookimpl(lambda config: {"cp": 2} if config.sp_on else None)
+    plan = prepare(config(sp_on=True), world_size=2, extra_plugins=[("sp_plugin", sp)])
+    assert plan.mesh.dims["cp"] == 2 and plan.mesh.gradient_ranks == 2 and plan.mesh.copies == 1
+    with pytest.raises(ConfigError, match="context_parallel_size: mesh dimension sized twice"):
+        prepare(config(sp_on=True, context_parallel_size=1), extra_plugins=[("sp_plugin", sp)])
 
 
 def _activating(name: str, runtime: object, roles: tuple[str, ...]) -> types.ModuleType:

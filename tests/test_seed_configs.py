@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ktrain.cli import main
-from tests.kit import QUICKSTART, REPO
+from tests.kit import QUICKSTART, REPO, model_dir
 
 SEED = REPO.parent / "shared" / "compat" / "seed"
 CONFIGS = sorted(SEED.glob("*.yaml"))
@@ -37,7 +37,10 @@ def test_seed_config_checks_or_names_the_missing_plugin(config: Path, tmp_path: 
     monkeypatch.chdir(tmp_path)  # output_dir: ./outputs/... stays in tmp_path
     if _installed("ktrain-plugin-deepspeed"):  # the article's user fetches deepspeed_configs/*.json first
         assert main(["fetch", "deepspeed_configs"]) == 0
-    code = main(["check", str(config), *OVERRIDES])
+    overrides = list(OVERRIDES)
+    if "Qwen3DecoderLayer" in config.read_text():  # its FSDP block class is checked against the local model
+        overrides[1] = f"base_model={model_dir(tmp_path, model_type='qwen3', architectures=['Qwen3ForCausalLM'])}"
+    code = main(["check", str(config), *overrides])
     err = capsys.readouterr().err
     if code == 0:
         return

@@ -8,7 +8,6 @@ the ``owns_*`` flags, so the kernel never scales a loss or clips a second time.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,11 +53,26 @@ class Engine:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def clip_grad_norm(self) -> float:
-        """Clip to ``max_grad_norm`` (when set) and return the global gradient norm before clipping."""
+        """Clip to ``max_grad_norm`` (when set) and return the global gradient norm before clipping.
+
+        Sharded gradients (DTensors) are grouped by mesh and placement, each group's norm made whole,
+        then combined: tensor-parallel and data-sharded parameters live on different meshes.
+        """
         params = [p for p in self.model.parameters() if p.grad is not None]
-        limit = self.max_grad_norm if self.max_grad_norm is not None else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(params, limit)
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        groups: dict[Any, list[torch.Tensor]] = {}
+        for p in params:
+            layout = (id(p.grad.device_mesh), p.grad.placements) if hasattr(p.grad, "device_mesh") else None
+            groups.setdefault(layout, []).append(p.grad)
+        norms = []
+        for grads in groups.values():
+            norm = torch.nn.utils.get_total_norm(grads)
+            norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if not norms:
+            return 0.0
+        total = torch.linalg.vector_norm(torch.stack([n.to(norms[0].device) for n in norms]))
+        if self.max_grad_norm is not None:
+            torch.nn.utils.clip_grads_with_norm_(params, self.max_grad_norm, total)
+        return float(total)
 
     def step(self) -> float:
         """Finish the optimizer step: clip, update, advance the schedule, zero the gradients.

@@ -98,9 +98,15 @@ def ktrain_validate_config(config: Config, report: Report) -> None:
 def ktrain_collect_mesh_dims(config: Config) -> dict[str, int] | None:
     """Return extra named device-mesh dimensions and their sizes, e.g. ``{"ep": 2}``.
 
-    The kernel's own dimensions (``dp_replicate``, ``dp_shard``, ``cp``, ``tp``) come from its keys.
+    The kernel's own dimensions (``dp_replicate``, ``dp_shard``, ``cp``, ``tp``) come from its keys; a
+    plugin may size one of them when its key is unset (``sequence_parallel_degree`` sizes ``cp``).
     Every plugin answers; a name given twice is an error. A dimension of size > 1 must be owned by an
     active plugin through the role ``mesh:<name>``.
+
+    Ranks along ``dp_replicate``, ``dp_shard`` and ``cp`` hold the same parameters and train on
+    different tokens (``cp`` splits each row's sequence): a sharding plugin averages gradients over all
+    three (``run.mesh.gradient_ranks`` of them). Ranks along any other dimension (``tp``, a plugin's)
+    compute on the same tokens.
     """
 
 
@@ -250,11 +256,12 @@ def ktrain_build_lr_scheduler(optimizer: Any, run: Any, total_steps: int) -> Any
 def ktrain_wrap_train_step(step: Callable[..., Any], run: Any) -> Callable[..., Any] | None:
     """Wrap the micro-step ``step(batch, num_items) -> loss``; e.g. to enter a context-parallel region.
 
-    ``batch`` holds ``input_ids``, ``labels`` and ``attention_mask`` on the device; ``num_items`` is the
-    divisor of this rank's token-sum loss (trained tokens of the global batch / data-parallel size).
+    ``batch`` holds ``input_ids``, ``labels`` and ``attention_mask`` (and ``position_ids`` for packed
+    rows) on the device; ``num_items`` is the divisor of this rank's token-sum loss (trained tokens of
+    the global batch / ``run.mesh.gradient_ranks``).
 
     Called once on every rank before the loop; each returns a replacement or None. The returned
-    callable must call the one it got.
+    callable must call the one it got. Evaluation goes through it too (``num_items`` 1, no gradients).
     """
 
 
@@ -268,7 +275,8 @@ def ktrain_collect_checkpoint_state(run: Any) -> dict[str, Any] | None:
     """Return objects with ``state_dict()``/``load_state_dict()`` to save with every checkpoint.
 
     Called on every rank when saving and when resuming; keys name the objects and must not clash.
-    Their state is saved per rank beside the kernel's own (step, data position, RNG).
+    Their state is saved per rank beside the kernel's own (step, data position, RNG), and read back with
+    ``torch.load(weights_only=True)``: tensors and plain Python values only.
     """
 
 

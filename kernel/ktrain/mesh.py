@@ -34,6 +34,17 @@ class MeshPlan:
         """Ranks that see different data: replicas times shards."""
         return self.dims["dp_replicate"] * self.dims["dp_shard"]
 
+    @property
+    def gradient_ranks(self) -> int:
+        """Ranks with the same parameters and different tokens (replicas x shards x context-parallel
+        ranks, which split each row's sequence): a sharding plugin averages gradients over all of them."""
+        return self.dp_size * self.dims["cp"]
+
+    @property
+    def copies(self) -> int:
+        """Ranks that compute on the same tokens (tensor parallel, and any plugin dimension)."""
+        return self.world_size // self.gradient_ranks
+
     def describe(self) -> str:
         return " x ".join(f"{name} {size}" for name, size in self.dims.items()) + f" = {self.world_size} ranks"
 

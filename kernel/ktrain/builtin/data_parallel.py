@@ -1,4 +1,4 @@
-"""Default owner of ``sharding``: one process, or DDP over every rank when no sharding plugin is active."""
+"""Default owner of ``sharding``: one process, or DDP over the replicas (and context-parallel ranks)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ktrain import hookimpl
 from ktrain.engine import Engine, param_groups
+from ktrain.run.distributed import submesh
 
 
 class DataParallelEngine(Engine):
@@ -34,9 +35,10 @@ class DataParallel:
     def ktrain_shard(self, model: Any, run: Any, build_optimizer: Any, build_lr_scheduler: Any) -> Engine:
         model.to(run.device)
         module = model
-        if run.mesh.dp_size > 1:
+        if run.mesh.gradient_ranks > 1:  # replicas, and context-parallel ranks (same weights, other tokens)
             ids = [run.device.index] if run.device.type == "cuda" else None
-            group = run.device_mesh["dp_replicate"].get_group() if run.world_size > run.mesh.dp_size else None
+            dims = tuple(d for d in ("dp_replicate", "cp") if run.mesh.dims[d] > 1)
+            group = submesh(run.device_mesh, dims).get_group() if run.mesh.copies > 1 else None
             module = DistributedDataParallel(model, device_ids=ids, process_group=group)
         optimizer = build_optimizer(param_groups(model, self.config.weight_decay))
         return DataParallelEngine(module, model, optimizer, build_lr_scheduler(optimizer), self.config.max_grad_norm)

@@ -37,6 +37,7 @@ def _rank(rank: int, world: int, port: int, model_config: dict[str, Any], out: A
     from torch.distributed.device_mesh import init_device_mesh
 
     from ktrain.engine import param_groups
+    from ktrain.mesh import MeshPlan
     from ktrain_fsdp.options import FsdpOptions
     from ktrain_fsdp.sharding import shard
 
@@ -47,8 +48,9 @@ def _rank(rank: int, world: int, port: int, model_config: dict[str, Any], out: A
     full = sum(p.numel() * p.element_size() for p in model.parameters())
     mesh = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp_replicate", "dp_shard"))
     config = types.SimpleNamespace(weight_decay=0.0, max_grad_norm=1.0)
+    plan = MeshPlan(dims={"dp_replicate": 1, "dp_shard": world, "cp": 1, "tp": 1}, world_size=world)
     run = types.SimpleNamespace(
-        device_mesh=mesh, rank=rank, device=torch.device("cpu"), compute_dtype=torch.float32, config=config
+        device_mesh=mesh, mesh=plan, rank=rank, device=torch.device("cpu"), compute_dtype=torch.float32, config=config
     )
     engine = shard(
         model,

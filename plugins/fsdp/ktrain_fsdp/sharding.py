@@ -1,8 +1,8 @@
 """``ktrain_shard`` under FSDP: the data-parallel mesh, the units to shard, then FSDP2 or FSDP1, then the optimizer.
 
-The mesh is the run's ``dp_shard`` dimension, or ``dp_replicate`` x ``dp_shard`` for HSDP (shard inside
-a replica, replicate across). A one-process run gets a process group of one rank, so that it takes the
-same code path as a sharded one.
+The mesh is the run's ``dp_shard`` dimension (with ``cp`` folded in), or ``dp_replicate`` x ``dp_shard``
+for HSDP (shard inside a replica, replicate across). A one-process run gets a process group of one
+rank, so that it takes the same code path as a sharded one.
 """
 
 from __future__ import annotations
@@ -15,26 +15,29 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ktrain.config.report import ConfigError
 from ktrain.engine import param_groups
+from ktrain.run.distributed import submesh
 from ktrain_fsdp.engine import FsdpEngine
-from ktrain_fsdp.options import FsdpOptions
+from ktrain_fsdp.options import FsdpOptions, layer_key
 
 
 def data_parallel_mesh(run: Any, options: FsdpOptions) -> DeviceMesh:
-    """The mesh FSDP shards over: 1-D ``dp_shard``, or 2-D ``(dp_replicate, dp_shard)`` for HSDP."""
+    """The mesh FSDP shards over: 1-D ``dp_shard``, or 2-D ``(dp_replicate, dp_shard)`` for HSDP.
+
+    Under context parallelism ``dp_shard`` and ``cp`` are flattened into one dimension (torchtitan's
+    ``dp_shard_cp``): gradients are averaged over the sequence shards as over the data shards.
+    """
     mesh = run.device_mesh
     if mesh is None:
         if not dist.is_initialized():
             backend = "nccl" if run.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         mesh = init_device_mesh(run.device.type, (1, 1), mesh_dim_names=("dp_replicate", "dp_shard"))
+    shard = "dp_shard"
+    if run.mesh.dims["cp"] > 1:  # context-parallel ranks hold the same weights: shard over them too
+        shard = submesh(mesh, ("dp_shard", "cp")).mesh_dim_names[0]
     if options.sharding_strategy == "HYBRID_SHARD":
-        return mesh["dp_replicate", "dp_shard"]
-    return mesh["dp_shard"]
-
-
-def layer_key(options: FsdpOptions) -> str:
-    """The key path of the block classes, in the spelling of the version in use."""
-    return "fsdp_config." + ("fsdp_" if options.version == 1 else "") + "transformer_layer_cls_to_wrap"
+        return mesh["dp_replicate", shard]
+    return mesh[shard]
 
 
 def layer_classes(model: torch.nn.Module, options: FsdpOptions) -> tuple[type, ...]:

@@ -1,0 +1,1 @@
+"""ktrain-plugin-parallel: tensor, context and Ulysses sequence parallelism on the run's device mesh."""
