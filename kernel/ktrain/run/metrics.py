@@ -1,8 +1,8 @@
 """What rank 0 tells the user: a line (or a progress bar on a terminal) per logged step, and metrics.jsonl.
 
 MFU counts ``6 · N + 12 · layers · hidden · seq`` FLOPs per token (N: parameters outside the
-embeddings; the second term is attention) against the device's dense bf16 peak (``KTRAIN_PEAK_TFLOPS``
-overrides; unknown devices and CPUs report no MFU).
+embeddings, ZeRO-3 partitions counted whole; the second term is attention) against the device's dense
+bf16 peak (``KTRAIN_PEAK_TFLOPS`` overrides; unknown devices and CPUs report no MFU).
 """
 
 from __future__ import annotations
@@ -32,14 +32,23 @@ def peak_flops(device: torch.device) -> float | None:
     return next((tf * 1e12 for key, tf in PEAK_TFLOPS.items() if key in name), None)
 
 
+def _numel(p: torch.Tensor) -> int:
+    """Elements of a parameter, whole: ZeRO-3 leaves each rank an empty tensor and the size in ``ds_numel``."""
+    return getattr(p, "ds_numel", p.numel())
+
+
+def non_embedding_params(model: Any) -> int:
+    """Parameters outside the input embeddings (``nn.Embedding``); an untied output layer counts."""
+    embed = sum(_numel(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    return sum(_numel(p) for p in model.parameters()) - embed
+
+
 def flops_per_token(model: Any, seq_len: int) -> float:
     """Training FLOPs per token of a decoder model (forward and backward)."""
     cfg = getattr(model, "config", None)
-    embed = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
-    params = sum(p.numel() for p in model.parameters()) - embed
     layers = getattr(cfg, "num_hidden_layers", 0) or 0
     hidden = getattr(cfg, "hidden_size", 0) or 0
-    return 6.0 * params + 12.0 * layers * hidden * seq_len
+    return 6.0 * non_embedding_params(model) + 12.0 * layers * hidden * seq_len
 
 
 def peak_memory_gib(device: torch.device) -> float:

@@ -1,0 +1,368 @@
+"""``ktrain bench CONFIG``: the training step of a config, timed on one device, beside plain Hugging Face.
+
+The run is built as ``ktrain run`` builds it: the same plugins and hooks load, wrap, parallelize and
+shard the model and build the optimizer and schedule, and every step is the loop's own
+``Trainer._train_step``. Left out are the loop's observers (logging, evaluation, checkpoints, export,
+the ``on_*`` hooks). One process (world size 1); the run directory is a temporary folder, removed at the
+end, so nothing is written to ``output_dir``.
+
+Rows: random tokens, ``micro_batch_size`` rows of ``sequence_len`` tokens per micro-batch, every token
+trained, with ``--synthetic`` or when the config has no ``datasets`` (the config check's demand for
+``datasets`` is then met by a placeholder entry that nothing reads, and no tokenizer is loaded);
+otherwise the config's data, tokenized into the temporary run directory (or ``dataset_prepared_path``).
+
+With ``--peer hf`` the plain Hugging Face step (``ktrain.bench_peer``) runs first, on the same rows, and
+is freed before the ktrain side is built: it runs first because plugins such as Liger patch the
+architecture's modules for the whole process. Each side's peak memory is the GPU's peak allocation from
+the start of its build to the end of its timed steps.
+
+MFU counts ``6 · N + 12 · layers · hidden · sequence_len`` training FLOPs a token (N: the parameters
+outside the input embeddings, ZeRO-3 partitions counted whole) against the device's dense bf16 peak
+(``ktrain.run.metrics.PEAK_TFLOPS``; ``KTRAIN_PEAK_TFLOPS`` overrides; none on a CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ktrain.bench_timing import Timed, Timeline, reset_memory, run_steps
+from ktrain.config.report import ConfigError
+from ktrain.data import pipeline, templates
+from ktrain.data.examples import Example
+from ktrain.data.pipeline import TrainData
+from ktrain.data.stream import StreamRows
+from ktrain.resolve import Plan, load_plugins_and_config, prepare
+from ktrain.run import distributed
+from ktrain.run.context import Run
+from ktrain.run.metrics import flops_per_token, non_embedding_params, peak_flops
+from ktrain.run.trainer import Trainer, compute_dtype
+
+PLACEHOLDER_DATASETS = "datasets=[{path: ktrain-bench-synthetic-rows}]"
+EXIT_OK, EXIT_BAD_INPUT = 0, 2
+
+
+class SyntheticRows:
+    """Random-token rows for the bench: each row one sample of ``sequence_len`` tokens, every token trained.
+
+    Two global batches of distinct rows, used in turn; the shape of ``PlannedRows`` for one rank.
+    """
+
+    dp_size = 1
+
+    def __init__(self, vocab_size: int, config: Any):
+        micro, accum, seq = config.micro_batch_size, config.gradient_accumulation_steps, config.sequence_len
+        ids = np.random.default_rng(config.seed).integers(0, vocab_size, size=(2, accum, micro, seq), dtype=np.int32)
+        self.batches = [[[[Example(row, row)] for row in micro_rows] for micro_rows in batch] for batch in ids]
+        self.rows_per_step = micro * accum
+        self.steps_per_epoch = 2
+        self.n = 2 * self.rows_per_step
+
+    def step(self, step: int) -> list[list[list[list[Example]]]]:
+        """The rows of ``step``: ``[rank][micro] -> rows``, each row a list of one sample."""
+        return [self.batches[step % 2]]
+
+
+class FetchedRows:
+    """The rows of a streamed dataset's first ``steps`` steps, read once: a stream cannot be read twice (the
+    peer's pass, then ktrain's), so both sides time the step, not the tokenization."""
+
+    def __init__(self, stream: StreamRows, steps: int):
+        self.rows = [stream.step(i) for i in range(steps)]
+        self.dp_size, self.rows_per_step = stream.dp_size, stream.rows_per_step
+        self.steps_per_epoch, self.n = steps, steps * stream.rows_per_step
+
+    def step(self, step: int) -> list[list[list[list[Example]]]]:
+        return self.rows[step]
+
+
+class TimedEngine:
+    """The run's engine, unchanged, with timeline marks after each backward and after the optimizer step."""
+
+    def __init__(self, engine: Any, timeline: Timeline):
+        self.engine = engine
+        self.timeline = timeline
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+        self.timeline.mark("forward_backward")
+
+    def step(self) -> float:
+        norm = self.engine.step()
+        self.timeline.mark("optimizer")
+        return norm
+
+
+class BenchTrainer(Trainer):
+    """The kernel's trainer, built in two stages (data, then the model and engine) and driven step by step.
+
+    The stages are ``Trainer._load`` and the start of ``Trainer.fit`` cut apart, so that the peer can run
+    on the data before the ktrain model exists, and so that synthetic rows need no tokenizer.
+    """
+
+    def __init__(self, run: Run):
+        super().__init__(run)
+        self.timeline = Timeline(run.device)
+
+    def load_data(self, synthetic: bool, steps: int) -> TrainData:
+        """Synthetic rows, or the config's data (for ``steps`` steps) through the tokenizer and the data pipeline."""
+        run, config = self.run, self.config
+        if synthetic:
+            import transformers
+
+            source = config.base_model_config or config.base_model
+            vocab = transformers.AutoConfig.from_pretrained(source, trust_remote_code=config.trust_remote_code)
+            self.pad_id = 0
+            return TrainData(SyntheticRows(vocab.vocab_size, config), [], False, False, [])
+        run.tokenizer = run.hook.ktrain_load_tokenizer(run=run)
+        if config.chat_template or config.chat_template_jinja:
+            name = templates.template_name(None, config)
+            run.tokenizer.chat_template = templates.resolve(name, config, run.tokenizer, "chat_template")
+        data = pipeline.load(run, distributed.barrier)
+        print("\n".join(data.summary), flush=True)
+        if data.train.steps_per_epoch == 0:
+            raise ConfigError.single("datasets", "fewer training rows than one global batch: nothing to time")
+        self.pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
+        if isinstance(data.train, StreamRows):
+            data.train = FetchedRows(data.train, steps)
+        return data
+
+    def build(self, data: TrainData, total_steps: int) -> None:
+        """Load, wrap, parallelize and shard the model through the plugins, as a run does."""
+        model = self.load_model()
+        self.dp_rank = self.run.dp_rank()
+        self.plan = data.train
+        self.build_engine(model, total_steps)
+        self.engine = TimedEngine(self.engine, self.timeline)
+        self.engine.train(True)
+
+    def _to_device(self, rows: list[list[Example]], packed: bool) -> dict[str, Any]:
+        batch = super()._to_device(rows, packed)
+        self.timeline.mark("data")
+        return batch
+
+    def bench_step(self, step: int, data: TrainData) -> tuple[float, int]:
+        """One optimizer step of the loop; returns (token-mean loss, input tokens)."""
+        loss_sum, trained, inputs = self._train_step(step, data)
+        return loss_sum / max(trained, 1), inputs
+
+
+def _prepare(config: str, overrides: list[str], run_dir: Path, synthetic: bool) -> tuple[Plan, bool]:
+    """The checked plan for one rank in ``run_dir``, and whether the rows are synthetic."""
+    _, loaded = load_plugins_and_config(config, overrides)
+    has_data = bool(loaded.datasets or loaded.pretraining_dataset)
+    extra = [f"output_dir={run_dir}"] + ([] if has_data else [PLACEHOLDER_DATASETS])
+    plan = prepare(config, [*overrides, *extra], world_size=1, with_defaults=True)
+    for problem in plan.warnings:
+        print(f"ktrain: warning: {problem}", file=sys.stderr)
+    return plan, synthetic or not has_data
+
+
+def _run(plan: Plan, run_dir: Path) -> Run:
+    """The one rank of the bench, set up as ``rank_main`` sets up a rank."""
+    device = distributed.pick_device(0)
+    if plan.config.tf32 and device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return Run(
+        plan=plan,
+        output_dir=run_dir,
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        device=device,
+        device_mesh=distributed.init(plan.mesh, device),
+        compute_dtype=compute_dtype(plan.config, device),
+    )
+
+
+def _side(name: str, timed: Timed, flops: float, peak: float | None, held: float | None) -> dict[str, Any]:
+    tokens_per_s = timed.tokens / timed.seconds
+    return {
+        "name": name,
+        "tokens_per_s": tokens_per_s,
+        "mfu": tokens_per_s * flops / peak if peak else None,
+        "peak_memory_gib": timed.peak_memory_gib,
+        "held_before_gib": held,
+        "step_s": timed.seconds / timed.steps,
+        "split_s": {part: seconds / timed.steps for part, seconds in timed.parts.items()},
+        "flops_per_token": flops,
+        "first_loss": timed.first_loss,
+        "last_loss": timed.last_loss,
+    }
+
+
+def _header(config: str, run: Run, synthetic: bool, warmup: int, steps: int, peak: float | None) -> dict[str, Any]:
+    import transformers
+
+    from ktrain import __version__
+
+    cfg = run.config
+    return {
+        "config": config,
+        "device": torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else "CPU",
+        "versions": {"ktrain": __version__, "torch": torch.__version__, "transformers": transformers.__version__},
+        "plugins": sorted({a.plugin.distribution for a in run.plan.plugins.activations if not a.default}),
+        "rows": "synthetic random tokens" if synthetic else "the config's datasets",
+        "micro_batch_size": cfg.micro_batch_size,
+        "sequence_len": cfg.sequence_len,
+        "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+        "warmup_steps": warmup,
+        "timed_steps": steps,
+        "peak_tflops": peak / 1e12 if peak else None,
+        "peer": None,
+        "ratio": None,
+    }
+
+
+def _profile(trainer: BenchTrainer, data: TrainData, first: int, path: Path) -> None:
+    """Three more steps under ``torch.profiler``: the kernels that took the most device time, to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.run.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for i in range(first, first + 3):
+            trainer.bench_step(i, data)
+        if trainer.run.device.type == "cuda":
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if trainer.run.device.type == "cuda" else "self_cpu_time_total"
+    path.write_text(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=70) + "\n")
+
+
+def _time_ktrain(
+    trainer: BenchTrainer, data: TrainData, warmup: int, steps: int, profile_to: Path | None = None
+) -> tuple[Timed, dict[str, Any]]:
+    """Build the ktrain side and time it; return the timing and the terms of its FLOPs a token."""
+    trainer.build(data, warmup + steps + (3 if profile_to else 0))
+    timed = run_steps(lambda i: trainer.bench_step(i, data), warmup, steps, trainer.timeline)
+    if profile_to is not None:
+        _profile(trainer, data, warmup + steps, profile_to)
+    model = trainer.engine.model
+    model_config = getattr(model, "config", None)
+    terms = {
+        "non_embedding_params": non_embedding_params(model),
+        "layers": getattr(model_config, "num_hidden_layers", 0),
+        "hidden": getattr(model_config, "hidden_size", 0),
+        "sequence_len": trainer.config.sequence_len,
+        "flops_per_token": flops_per_token(model, trainer.config.sequence_len),
+    }
+    return timed, terms
+
+
+def bench(
+    config: str,
+    overrides: list[str],
+    *,
+    steps: int,
+    warmup: int,
+    synthetic: bool,
+    peer: str | None,
+    peer_variant: str,
+    profile_to: Path | None = None,
+) -> dict[str, Any]:
+    """Time the config's step (and first the peer's); return the report that ``ktrain bench`` prints."""
+    from ktrain.bench_peer import describe, run_peer
+
+    with tempfile.TemporaryDirectory(prefix="ktrain-bench-") as tmp:
+        plan, synthetic = _prepare(config, overrides, Path(tmp), synthetic)
+        cfg = plan.config
+        run = _run(plan, Path(tmp))
+        peak = peak_flops(run.device)
+        report = _header(config, run, synthetic, warmup, steps, peak)
+        trainer = BenchTrainer(run)
+        try:
+            data = trainer.load_data(synthetic, warmup + steps)
+            if peer:
+                held = reset_memory(run.device)
+                timed, flops = run_peer(
+                    cfg, data.train, data.train_packed, trainer.pad_id, run.device, run.compute_dtype,
+                    peer_variant, warmup, steps,
+                )  # fmt: skip
+                name = f"peer {peer}: {describe(peer_variant, run.compute_dtype)}"
+                report["peer"] = _side(name, timed, flops, peak, held)
+            held = reset_memory(run.device)
+            torch.manual_seed(cfg.seed)
+            timed, report["formula"] = _time_ktrain(trainer, data, warmup, steps, profile_to)
+            report["ktrain"] = _side("ktrain", timed, report["formula"]["flops_per_token"], peak, held)
+        finally:
+            distributed.shutdown()
+    if report["peer"]:
+        report["ratio"] = report["ktrain"]["tokens_per_s"] / report["peer"]["tokens_per_s"]
+    return report
+
+
+def _fmt_gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+def describe_report(report: dict[str, Any]) -> str:
+    """The report as the command prints it."""
+    f = report["formula"]
+    tokens = report["micro_batch_size"] * report["sequence_len"] * report["gradient_accumulation_steps"]
+    peak = f"{report['peak_tflops']:g} TFLOP/s" if report["peak_tflops"] else None
+    lines = [
+        f"ktrain bench {report['config']} on {report['device']} (ktrain {report['versions']['ktrain']}, "
+        f"torch {report['versions']['torch']}, transformers {report['versions']['transformers']})",
+        f"plugins beside the kernel's: {', '.join(report['plugins']) or 'none'}",
+        f"rows: {report['rows']}; micro batch {report['micro_batch_size']} x sequence {report['sequence_len']} "
+        f"x accumulation {report['gradient_accumulation_steps']} = {tokens:,} tokens a step; "
+        f"{report['warmup_steps']} warm-up + {report['timed_steps']} timed steps",
+        f"MFU = tokens/s x FLOPs a token / peak; FLOPs a token = 6 x {f['non_embedding_params']:,} parameters "
+        f"outside the embeddings + 12 x {f['layers']} layers x {f['hidden']} hidden x {f['sequence_len']} sequence "
+        f"= {f['flops_per_token']:.4g}; peak " + (peak or "unknown for this device: no MFU (set KTRAIN_PEAK_TFLOPS)"),
+        "",
+        f"{'':44} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} {'step ms':>9} {'data ms':>8} {'fwd+bwd ms':>10} "
+        f"{'optim ms':>9} {'loss@1':>7}",
+    ]
+    for side in (report["ktrain"], report["peer"]):
+        if side is None:
+            continue
+        mfu = f"{side['mfu']:.1%}" if side["mfu"] is not None else "n/a"
+        split = side["split_s"]
+        lines.append(
+            f"{side['name'][:44]:44} {side['tokens_per_s']:>10,.0f} {mfu:>6} {_fmt_gib(side['peak_memory_gib']):>9} "
+            f"{side['step_s'] * 1e3:>9.1f} {split['data'] * 1e3:>8.1f} {split['forward_backward'] * 1e3:>10.1f} "
+            f"{split['optimizer'] * 1e3:>9.1f} {side['first_loss']:>7.3f}"
+        )
+    if report["ratio"] is not None:
+        lines.append(f"ktrain / peer: {report['ratio']:.2f}x tokens/s")
+    if report["device"] == "CPU":
+        lines.append("peak memory: n/a on a CPU (the GPU's max_memory_allocated on a GPU)")
+    return "\n".join(lines)
+
+
+def bench_cli(args: argparse.Namespace) -> int:
+    """Run ``ktrain bench`` for parsed ``args``; return the exit code."""
+    from ktrain.data.reading import DataError
+
+    if args.steps < 1 or args.warmup < 0:
+        print("ktrain: --steps must be at least 1 and --warmup at least 0", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        report = bench(
+            args.config,
+            args.overrides,
+            steps=args.steps,
+            warmup=args.warmup,
+            synthetic=args.synthetic,
+            peer=args.peer,
+            peer_variant=args.peer_variant,
+            profile_to=args.profile,
+        )
+    except (DataError, FileNotFoundError) as e:
+        print(f"ktrain: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(describe_report(report), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return EXIT_OK
