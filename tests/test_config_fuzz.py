@@ -170,3 +170,36 @@ def test_random_overrides(overrides: list[str], good: dict, workdir: Path) -> No
     path = workdir / "base.yaml"
     path.write_text(yaml.safe_dump(good), encoding="utf-8")
     check(path, *(f"--set={value}" for value in overrides))
+
+
+HOSTILE = {  # fragment appended to a good config -> what the message must name
+    "duplicate": ("seed: 1\nseed: 2\n", "duplicate key 'seed'"),
+    "python tag": ("seed: !!python/object/apply:pathlib.Path.touch [{marker}]\n", "python/object/apply"),
+    "custom tag": ("seed: !secret 3\n", "!secret"),
+    "binary tag": ("seed: !!binary aGVsbG8=\n", "seed"),
+    "bad utf-8": ("seed: '\udcff'\n", "utf-8"),
+}
+
+
+@FUZZ
+@given(kind=st.sampled_from(sorted(HOSTILE)), where=st.integers(0, 3), command=st.sampled_from(["check", "run"]))
+def test_hostile_fragments(kind: str, where: int, command: str, good: dict, workdir: Path) -> None:
+    """A duplicate key, a YAML tag (one that would run code), or bytes that are not UTF-8, between the keys of
+    a good config: exit 2 naming the file and the problem, no traceback, nothing run, and for ``ktrain run`` no
+    output_dir and no process group."""
+    import torch.distributed as dist
+
+    marker = workdir / "tag-ran"
+    fragment, says = HOSTILE[kind]
+    lines = yaml.safe_dump(good).splitlines(keepends=True)
+    tops = [i for i, line in enumerate(lines) if not line.startswith((" ", "-"))] + [len(lines)]
+    lines.insert(tops[where % len(tops)], fragment.format(marker=json.dumps(str(marker))))
+    path = workdir / "hostile.yaml"
+    path.write_bytes("".join(lines).encode("utf-8", "surrogateescape"))
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main([command, str(path)])
+    text = err.getvalue()
+    assert code == EXIT_BAD_INPUT, text
+    assert "Traceback" not in text and str(path) in text and says.lower() in text.lower(), text
+    assert not marker.exists() and not dist.is_initialized() and not Path(good["output_dir"]).exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from ktrain import __version__
@@ -40,6 +41,12 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
     launch.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous (several machines)")
     launch.add_argument("--rdzv-backend", default="c10d", help="rendezvous backend")
     launch.add_argument("--rdzv-id", default="ktrain", help="id shared by the machines of one run")
+    launch.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="restart all ranks this many times after a failure, each time from the latest complete checkpoint",
+    )
 
 
 def _configure_check(p: argparse.ArgumentParser) -> None:
@@ -65,6 +72,27 @@ def _configure_export(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", help="folder to write (default: RUN_DIR/export-step-N)")
 
 
+def _configure_bench(p: argparse.ArgumentParser) -> None:
+    _add_config_args(p)
+    p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
+    p.add_argument("--synthetic", action="store_true", help="random tokens even when the config has datasets")
+    p.add_argument("--peer", choices=["hf"], help="also time the plain Hugging Face step, first, on the same rows")
+    p.add_argument(
+        "--peer-variant",
+        choices=["mixed", "bf16"],
+        default="mixed",
+        help="mixed: fp32 weights + autocast to the config's compute dtype (default); bf16: bf16 weights",
+    )
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON to FILE")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help="then profile 3 more steps: the top kernels by device time, to FILE",
+    )
+
+
 def _configure_none(p: argparse.ArgumentParser) -> None:
     del p
 
@@ -73,6 +101,12 @@ def _run(args: argparse.Namespace) -> int:
     from ktrain.launcher import launch
 
     return launch(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from ktrain.bench import bench_cli
+
+    return bench_cli(args)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -137,6 +171,11 @@ Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argpar
 
 COMMANDS: dict[str, Command] = {
     "run": ("train with a config (starts the ranks it needs)", _configure_run, _run),
+    "bench": (
+        "time a config's training step on one device (tokens/s, MFU, memory), --peer hf beside plain HF",
+        _configure_bench,
+        _bench,
+    ),
     "check": ("validate a config and print what it resolves to; no GPU needed", _configure_check, _check),
     "preprocess": (
         "tokenize the datasets once into the cache (dataset_prepared_path), or --check-only them",

@@ -14,7 +14,7 @@ from pathlib import Path
 from ktrain.config.report import ConfigError
 from ktrain.registry import collect
 from ktrain.resolve import load_plugins_and_config
-from ktrain.run.checkpoints import checkpoint_root, complete_checkpoints, read_manifest
+from ktrain.run.checkpoints import checkpoint_root, complete_checkpoints, read_manifest, verify
 
 
 def export(run_dir: Path, checkpoint: Path | None, output: Path | None) -> Path:
@@ -28,9 +28,10 @@ def export(run_dir: Path, checkpoint: Path | None, output: Path | None) -> Path:
         if not found:
             raise ConfigError.single("RUN_DIR", f"{run_dir} has no complete checkpoint to export")
         checkpoint = found[-1]
+    problems = verify(checkpoint)  # every file against its sha256, before any reader deserialises one
+    if problems:
+        raise ConfigError.single("--checkpoint", f"{checkpoint} cannot be exported: {'; '.join(problems)}")
     manifest = read_manifest(checkpoint)
-    if manifest is None:
-        raise ConfigError.single("--checkpoint", f"{checkpoint} is not a complete ktrain checkpoint")
     readers = collect(plugins, "ktrain_register_checkpoint_formats", "checkpoint format")
     fmt = manifest.get("format", "?")
     if fmt not in readers:

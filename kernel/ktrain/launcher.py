@@ -1,16 +1,20 @@
 """``ktrain run``: check everything, prepare the run directory, then start the ranks the mesh needs.
 
 One rank runs in this process. More start through ``torch.distributed.run`` (the elastic launcher,
-called in process) with ``--max-restarts 0``: when a rank fails, the agent stops the others, and the
-first failure is shown. Several machines pass ``--nnodes``, ``--node-rank`` and ``--rdzv-endpoint``.
+called in process): when a rank fails, the agent stops the others, and the first failure is shown.
+With ``--max-restarts N`` (one rank too then runs under the agent) the agent starts every rank again,
+up to N times, and they resume from the latest complete checkpoint. Several machines pass
+``--nnodes``, ``--node-rank`` and ``--rdzv-endpoint``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from ktrain.config.report import ConfigError
 from ktrain.resolve import Plan, prepare
@@ -43,7 +47,7 @@ def launch(args: argparse.Namespace) -> int:
     run_dir, lock = prepare_run_dir(plan, args.resume, args.overwrite)
     print(f"ktrain: {plan.mesh.describe()}; run directory {run_dir}", flush=True)
     try:
-        if plan.mesh.world_size == 1 and args.nnodes == 1:
+        if plan.mesh.world_size == 1 and args.nnodes == 1 and not args.max_restarts:
             return _run_here(run_dir, args.resume)
         return _run_ranks(run_dir, plan.mesh.world_size // args.nnodes, args)
     finally:
@@ -62,6 +66,24 @@ def _run_here(run_dir: Path, resume: bool) -> int:
     return EXIT_OK
 
 
+def _cause(failures: dict) -> tuple[int, Any]:
+    """The failure that ended the run, as (rank, failure).
+
+    Ranks the agent stopped (SIGTERM) are consequences. A rank that died without raising (killed, or
+    exited) left no error file and comes first: its peers' errors ("connection reset by peer") follow
+    from it, though they may be recorded earlier. Then the earliest error wins.
+    """
+    live = {rank: f for rank, f in failures.items() if f.exitcode != -signal.SIGTERM} or failures
+    silent = {rank: f for rank, f in live.items() if not os.path.isfile(f.error_file)}
+    return min((silent or live).items(), key=lambda item: (item[1].timestamp, item[0]))
+
+
+def _no_message(exitcode: int) -> str:
+    if exitcode < 0:
+        return f"none: killed by {signal.Signals(-exitcode).name}"
+    return f"none: the rank exited with code {exitcode} without raising"
+
+
 def _run_ranks(run_dir: Path, nproc: int, args: argparse.Namespace) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser
@@ -73,7 +95,7 @@ def _run_ranks(run_dir: Path, nproc: int, args: argparse.Namespace) -> int:
         "--nnodes",
         str(args.nnodes),
         "--max-restarts",
-        "0",
+        str(args.max_restarts),
         "--monitor-interval",
         "0.2",
     ]
@@ -95,13 +117,13 @@ def _run_ranks(run_dir: Path, nproc: int, args: argparse.Namespace) -> int:
     try:
         elastic_run(get_args_parser().parse_args(argv))
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
-        message = failure.message
+        rank, failure = _cause(e.failures)
+        message = failure.message if os.path.isfile(failure.error_file) else _no_message(failure.exitcode)
         if isinstance(message, dict):
             message = message.get("message", message)
         print(
             f"ktrain: rank {rank} failed (exit code {failure.exitcode}); the other ranks were stopped.\n"
-            f"  first error: {str(message).strip().splitlines()[-1] if message else 'no message (killed?)'}",
+            f"  first error: {str(message).strip().splitlines()[-1]}",
             file=sys.stderr,
         )
         return EXIT_FAILED

@@ -57,6 +57,6 @@ class LocalCheckpoint:
         if lacking:
             raise ValueError(f"resume: {path} lacks {', '.join(sorted(lacking)[:3])}; it was written for another model")
         engine.model.load_state_dict(state, strict=False)
-        engine.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=run.device, weights_only=False))
-        engine.lr_scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+        engine.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=run.device, weights_only=True))
+        engine.lr_scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
         return True

@@ -138,11 +138,14 @@ class RunKeys:
     evals_per_epoch: int | None = key(None, "evaluate this many times per epoch")
     save_steps: int | None = key(None, "save a checkpoint every this many steps")
     saves_per_epoch: int | None = key(None, "save this many checkpoints per epoch")
-    save_total_limit: int | None = key(None, "keep at most this many checkpoints (the newest)")
+    save_total_limit: int | None = key(None, "keep at most this many checkpoints (the newest; never fewer than 2)")
     save_strategy: Literal["steps", "epoch", "no"] | None = key(None, "when to save; default from save_steps")
     resume_from_checkpoint: str | None = key(None, "checkpoint folder to resume from")
     auto_resume_from_checkpoints: bool = key(False, "resume from the latest checkpoint in output_dir")
     seed: int = key(42, "seed of weights, shuffling and dropout")
+    nan_policy: Literal["stop", "skip"] = key(
+        "stop", "a NaN or inf loss on any rank: stop before the optimizer step, or skip that step on every rank"
+    )
     exact_match_eval: str | None = key(
         None, "chat jsonl whose assistant answers are checked by greedy generation before and after training"
     )

@@ -25,17 +25,43 @@ def pick_device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def _restart_store(timeout: datetime.timedelta):
+    """After a restart (``--max-restarts``), the agent's store under a prefix of this attempt, else None.
+
+    The elastic agent keeps one store for all attempts, so the addresses the ranks of the failed attempt
+    published are still there; a restarted rank that read one would connect to a dead peer.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if attempt == "0" or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"ktrain/attempt-{attempt}", store)
+
+
 def init(mesh: MeshPlan, device: torch.device):
     """Start the process group (when more than one rank) and build the named device mesh."""
     if mesh.world_size == 1:
         return None
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+        timeout = datetime.timedelta(seconds=PG_TIMEOUT_S)
+        store = _restart_store(timeout)
+        if store is None:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            rank, _, world = rank_env()
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     from torch.distributed.device_mesh import init_device_mesh
 
     names = tuple(mesh.dims)
     return init_device_mesh(device.type, tuple(mesh.dims.values()), mesh_dim_names=names)
+
+
+def submesh(device_mesh, dims: tuple[str, ...]):
+    """The part of ``device_mesh`` over the named ``dims``, flattened into one dimension when several."""
+    if len(dims) == 1:
+        return device_mesh[dims[0]]
+    return device_mesh[dims]._flatten("_".join(dims))
 
 
 def barrier() -> None:
@@ -50,6 +76,15 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+def gather_lists(items: list[str]) -> list[str]:
+    """Every rank's ``items`` joined, on every rank (``items`` itself in one process)."""
+    if not dist.is_initialized():
+        return items
+    out: list[list[str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, items)
+    return [item for part in out for item in part or []]
 
 
 def shutdown() -> None:

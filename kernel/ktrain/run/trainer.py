@@ -1,9 +1,10 @@
 """The training loop: load, wrap, parallelize, shard, then steps of accumulated micro-batches.
 
 The loss handed to ``engine.backward`` is each rank's token sum divided by the trained tokens of the
-whole global batch (all micro-batches, all data-parallel ranks) times the data-parallel size, so the
-gradient that data parallelism averages is that of the token-mean loss of the step: the same for any
-split of one global batch into ranks and micro-batches, and never multiplied by accumulation.
+whole global batch (all micro-batches, all data-parallel ranks) times the number of ranks whose
+gradients are averaged (data-parallel and context-parallel ranks), so the averaged gradient is that of
+the token-mean loss of the step: the same for any split of one global batch into ranks, sequence shards
+and micro-batches, and never multiplied by accumulation.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ktrain.data.examples import Example
 from ktrain.data.pipeline import TrainData
 from ktrain.data.stream import StreamRows
 from ktrain.registry import collect
-from ktrain.run import checkpoints, distributed
+from ktrain.run import checkpoints, distributed, nonfinite
 from ktrain.run.context import Run
 from ktrain.run.faults import maybe_fault
 from ktrain.run.metrics import MetricsLog, flops_per_token, peak_flops, peak_memory_gib
@@ -69,13 +70,35 @@ class Trainer:
         data = pipeline.load(run, distributed.barrier)
         if run.is_main:
             print("\n".join(data.summary), flush=True)
+        return self.load_model(), data
+
+    def load_model(self) -> Any:
+        """Load the model and pass it through ``wrap_model`` and ``parallelize``."""
+        run = self.run
         model_kwargs = merged(run.hook.ktrain_collect_model_kwargs(run=run), "model argument")
         model = run.hook.ktrain_load_model(run=run, model_kwargs=model_kwargs)
         model = chain(run, "ktrain_wrap_model", "model", model)
         model = chain(run, "ktrain_parallelize", "model", model)
         run.model = model
         self.attention = getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
-        return model, data
+        return model
+
+    def build_engine(self, model: Any, total_steps: int) -> None:
+        """``shard`` the model into ``self.engine`` (optimizer and schedule for ``total_steps``), then the step."""
+        run = self.run
+
+        def build_optimizer(params: Any) -> Any:
+            return run.hook.ktrain_build_optimizer(params=params, run=run)
+
+        def build_lr_scheduler(optimizer: Any) -> Any:
+            return run.hook.ktrain_build_lr_scheduler(optimizer=optimizer, run=run, total_steps=total_steps)
+
+        self.engine = run.hook.ktrain_shard(
+            model=model, run=run, build_optimizer=build_optimizer, build_lr_scheduler=build_lr_scheduler
+        )
+        if run.compute_dtype == torch.float16 and not self.engine.owns_backward:
+            self.engine.scaler = torch.amp.GradScaler(run.device.type)
+        self.step_fn = chain(run, "ktrain_wrap_train_step", "step", self._forward)
 
     def _total_steps(self, plan: PlannedRows | StreamRows) -> int:
         if self.config.max_steps:
@@ -119,7 +142,7 @@ class Trainer:
         rows = data.train.step(step)
         global_tokens = sum(row_trained(row) for rank in rows for micro in rank for row in micro)
         input_tokens = sum(row_tokens(row) for rank in rows for micro in rank for row in micro)
-        num_items = max(global_tokens, 1) / self.plan.dp_size
+        num_items = max(global_tokens, 1) / self.run.mesh.gradient_ranks
         mine = rows[self.dp_rank]
         loss_sum = 0.0
         for k, micro in enumerate(mine):
@@ -132,6 +155,9 @@ class Trainer:
                 self.engine.backward(loss)
             loss_sum += float(loss.detach()) * num_items
         maybe_fault("optimizer", step + 1, self.run.rank)
+        if nonfinite.skipped(self.run, self.engine, step + 1, loss_sum):  # NaN/inf on a rank: stop, or all skip
+            self.grad_norm = math.nan
+            return loss_sum, global_tokens, input_tokens
         self.grad_norm = self.engine.step()
         return loss_sum, global_tokens, input_tokens
 
@@ -147,17 +173,14 @@ class Trainer:
             rows = mine[b * size : (b + 1) * size]
             batch = self._to_device(rows or eval_set[:1], packed)
             with self._autocast():
-                loss = self.engine.module(**batch, num_items_in_batch=torch.tensor(1.0, device=self.run.device)).loss
+                loss = self.step_fn(batch, 1.0)
             if rows:
                 loss_sum += float(loss)
                 tokens += sum(row_trained(row) for row in rows)
         self.engine.train(True)
         total_loss, total_tokens = distributed.all_reduce_sum([loss_sum, tokens], self.run.device)
-        return total_loss / max(total_tokens, 1)  # both counted once per copy of the rows
-
-    def _data_copies(self) -> int:
-        """Ranks that hold the same rows (tensor/context-parallel groups): sums over all ranks count them."""
-        return self.run.world_size // self.plan.dp_size
+        mesh = self.run.mesh
+        return (total_loss / mesh.copies) / max(total_tokens / (mesh.world_size // mesh.dp_size), 1)
 
     # ---------------------------------------------------------------- the run
 
@@ -169,19 +192,7 @@ class Trainer:
         self.dp_rank = run.dp_rank()
         self.plan = data.train
         total = self._total_steps(self.plan)
-
-        def build_optimizer(params: Any) -> Any:
-            return run.hook.ktrain_build_optimizer(params=params, run=run)
-
-        def build_lr_scheduler(optimizer: Any) -> Any:
-            return run.hook.ktrain_build_lr_scheduler(optimizer=optimizer, run=run, total_steps=total)
-
-        self.engine = run.hook.ktrain_shard(
-            model=model, run=run, build_optimizer=build_optimizer, build_lr_scheduler=build_lr_scheduler
-        )
-        if run.compute_dtype == torch.float16 and not self.engine.owns_backward:
-            self.engine.scaler = torch.amp.GradScaler(run.device.type)
-        self.step_fn = chain(run, "ktrain_wrap_train_step", "step", self._forward)
+        self.build_engine(model, total)
         start = 0
         point = (
             checkpoints.find_resume_point(
@@ -236,7 +247,7 @@ class Trainer:
                 (reduced,) = distributed.all_reduce_sum([window_loss], run.device)
                 elapsed = time.perf_counter() - window_start
                 metrics = {
-                    "loss": reduced / self._data_copies() / max(window_tokens, 1),
+                    "loss": reduced / run.mesh.copies / max(window_tokens, 1),
                     "lr": self.engine.lr(),
                     "grad_norm": self.grad_norm,
                     "tokens_per_s": window_inputs / elapsed,

@@ -117,7 +117,7 @@ def load(engine: Any, run: Any, path: Path, manifest: dict[str, Any]) -> None:
         set_model_state_dict(
             model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=send, strict=False)
         )
-    engine.lr_scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE, weights_only=False))
+    engine.lr_scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE, weights_only=True))
 
 
 def read_state_dict(path: Path, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -28,9 +28,12 @@ def ktrain_register_config(register) -> None:
 
 @hookimpl
 def ktrain_validate_config(config: Any, report: Any) -> None:
-    """Resolve the FSDP keys: FSDP1 spellings under FSDP2 are notes with the new spelling, or errors."""
+    """Resolve the FSDP keys: FSDP1 spellings under FSDP2 are notes with the new spelling, or errors; the
+    block classes to wrap must exist in a local base model's architecture."""
     if enabled(config):
-        resolve(config, report)
+        from ktrain_fsdp.model_classes import check_layer_classes
+
+        check_layer_classes(config, resolve(config, report), report)
 
 
 @hookimpl

@@ -140,6 +140,11 @@ def _fsdp1(config: Any, keys: dict[str, Any], paths: dict[str, str], report: Any
     return {"sharding_strategy": strategy, **settings}
 
 
+def layer_key(options: FsdpOptions) -> str:
+    """The key path of the block classes, in the spelling of the version in use."""
+    return "fsdp_config." + ("fsdp_" if options.version == 1 else "") + "transformer_layer_cls_to_wrap"
+
+
 def resolve(config: Any, report: Any) -> FsdpOptions:
     """The options of ``config``; problems and notes go to ``report`` (``error``/``warn`` with the key path)."""
     keys, paths = _written(config, report)

@@ -229,6 +229,15 @@ def test_a_layer_class_the_model_lacks_lists_the_classes_it_has(tiny_model_dir: 
     assert "has no Qwen2DecoderLayer" in problem.message and "LlamaDecoderLayer" in problem.message
 
 
+def test_a_layer_class_a_local_model_lacks_stops_check(write, capsys) -> None:
+    """Before launch, from the local model's config.json and transformers' modeling source: exit 2."""
+    config = write(fsdp_version=2, fsdp_config={"transformer_layer_cls_to_wrap": "Qwen2DecoderLayer"})
+    code, _, err = run_cli(capsys, "check", config, "--world-size", "2")
+    assert code == 2, err
+    assert "fsdp_config.transformer_layer_cls_to_wrap" in err and "has no Qwen2DecoderLayer" in err
+    assert "LlamaDecoderLayer" in err
+
+
 def test_mixed_precision_is_compute_dtype_parameters_and_fp32_reductions() -> None:
     from ktrain_fsdp import fsdp1, fsdp2
 

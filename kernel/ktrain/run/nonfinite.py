@@ -1,0 +1,43 @@
+"""The check before every optimizer step: a NaN or inf loss on any rank stops the run, or skips the step.
+
+Each rank marks its own slot of a vector the size of the world and the vector is summed over ranks, so
+every rank learns which ranks saw a non-finite loss and all take the same decision. ``nan_policy:
+stop`` (the default) raises ``NonFiniteLoss`` on every rank, naming the step and the ranks, before any
+weight changes; the loop never reaches the save of that step. ``nan_policy: skip`` drops the step's
+gradients on every rank and goes on: the weights, the optimizer and the schedule stay as they were.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+from ktrain.run import distributed, faults
+from ktrain.run.context import Run
+
+
+class NonFiniteLoss(RuntimeError):
+    """A NaN or inf loss under ``nan_policy: stop``."""
+
+
+def skipped(run: Run, engine: Any, step: int, loss_sum: float) -> bool:
+    """Check the loss of ``step`` on every rank; True when the step is to be skipped (its gradients dropped)."""
+    value = faults.loss(step, run.rank, loss_sum)
+    flags = [0.0] * run.world_size
+    flags[run.rank] = 0.0 if math.isfinite(value) else 1.0
+    ranks = [rank for rank, flag in enumerate(distributed.all_reduce_sum(flags, run.device)) if flag]
+    if not ranks:
+        return False
+    where = f"step {step} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+    if run.config.nan_policy == "skip" and not engine.owns_backward:
+        if run.is_main:
+            print(f"ktrain: warning: non-finite loss at {where}: step skipped (nan_policy: skip)", file=sys.stderr)
+        engine.optimizer.zero_grad(set_to_none=True)
+        return True
+    why = (
+        "the engine owns the optimizer step and cannot skip it"
+        if run.config.nan_policy == "skip"
+        else "set nan_policy: skip to skip such steps"
+    )
+    raise NonFiniteLoss(f"non-finite loss at {where}: stopped before the optimizer step ({why})")
