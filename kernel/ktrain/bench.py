@@ -43,7 +43,7 @@ from ktrain.resolve import Plan, load_plugins_and_config, prepare
 from ktrain.run import distributed
 from ktrain.run.context import Run
 from ktrain.run.metrics import flops_per_token, non_embedding_params, peak_flops
-from ktrain.run.trainer import Trainer, compute_dtype
+from ktrain.run.trainer import Trainer
 
 PLACEHOLDER_DATASETS = "datasets=[{path: ktrain-bench-synthetic-rows}]"
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
@@ -174,16 +174,7 @@ def _run(plan: Plan, run_dir: Path) -> Run:
     if plan.config.tf32 and device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    return Run(
-        plan=plan,
-        output_dir=run_dir,
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        device=device,
-        device_mesh=distributed.init(plan.mesh, device),
-        compute_dtype=compute_dtype(plan.config, device),
-    )
+    return Run.one_process(plan, run_dir, device, distributed.init(plan.mesh, device))
 
 
 def _side(name: str, timed: Timed, flops: float, peak: float | None, held: float | None) -> dict[str, Any]:

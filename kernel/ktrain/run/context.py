@@ -51,6 +51,20 @@ class Run:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @classmethod
+    def one_process(cls, plan: Plan, output_dir: Path, device: torch.device, device_mesh: Any = None) -> Run:
+        """The run as the only process sees it (``ktrain bench``, ``merge-lora``): rank 0 of 1."""
+        return cls(
+            plan=plan,
+            output_dir=output_dir,
+            rank=0,
+            local_rank=0,
+            world_size=1,
+            device=device,
+            device_mesh=device_mesh,
+            compute_dtype=compute_dtype(plan.config, device),
+        )
+
     def dp_rank(self) -> int:
         """This rank's index among the ranks that see different data (replicas × shards)."""
         if self.device_mesh is None:
@@ -59,3 +73,14 @@ class Run:
         rep = self.device_mesh["dp_replicate"].get_local_rank() if dims["dp_replicate"] > 1 else 0
         shard = self.device_mesh["dp_shard"].get_local_rank() if dims["dp_shard"] > 1 else 0
         return rep * dims["dp_shard"] + shard
+
+
+def compute_dtype(config: Any, device: torch.device) -> torch.dtype:
+    """bf16 / fp16 autocast, or fp32; ``bf16: auto`` means bf16 on a GPU that supports it."""
+    if config.bf16 == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    if config.bf16:
+        return torch.bfloat16
+    if config.fp16:
+        return torch.float16
+    return torch.float32

@@ -25,7 +25,7 @@ from ktrain.data.pipeline import TrainData
 from ktrain.data.stream import StreamRows
 from ktrain.registry import collect
 from ktrain.run import checkpoints, distributed, nonfinite
-from ktrain.run.context import Run
+from ktrain.run.context import Run, compute_dtype
 from ktrain.run.faults import maybe_fault
 from ktrain.run.metrics import MetricsLog, flops_per_token, peak_flops, peak_memory_gib
 
@@ -329,14 +329,3 @@ def rank_main(run_dir: Path, resume: bool, extra_plugins: tuple = ()) -> dict[st
     finally:
         distributed.shutdown()
         lock.close()
-
-
-def compute_dtype(config: Any, device: torch.device) -> torch.dtype:
-    """bf16 / fp16 autocast, or fp32; ``bf16: auto`` means bf16 on a GPU that supports it."""
-    if config.bf16 == "auto":
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    if config.bf16:
-        return torch.bfloat16
-    if config.fp16:
-        return torch.float16
-    return torch.float32

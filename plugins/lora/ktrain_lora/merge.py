@@ -21,27 +21,12 @@ from ktrain.config.report import ConfigError
 from ktrain.registry import collect
 from ktrain.resolve import Plan, prepare
 from ktrain.run.checkpoints import read_manifest
-from ktrain.run.context import Run
-from ktrain.run.trainer import compute_dtype
+from ktrain.run.context import Run, compute_dtype
 from ktrain_lora.adapter import adapter_names, attach
 from ktrain_lora.entry import adapter_kind, quantization_bits
 from ktrain_lora.quantization import model_kwargs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def one_process_run(plan: Plan, run_dir: Path, device: torch.device) -> Run:
-    """The run as a single process on ``device`` sees it: what the ``model_loader`` hooks take."""
-    return Run(
-        plan=plan,
-        output_dir=run_dir,
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        device=device,
-        device_mesh=None,
-        compute_dtype=compute_dtype(plan.config, device),
-    )
 
 
 def load_base(run: Run) -> Any:
@@ -85,7 +70,7 @@ def merge(run_dir: Path, checkpoint: Path | None, output: Path | None, dtype: st
     if checkpoint is None and not (source / "adapter_config.json").is_file():
         raise ConfigError.single("RUN_DIR", f"{source} holds no adapter; finish the run or name a --checkpoint")
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    run = one_process_run(plan, run_dir, device)
+    run = Run.one_process(plan, run_dir, device)
     base = load_base(run)
     if checkpoint is None:
         model = peft.PeftModel.from_pretrained(base, source)
