@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import shutil
 import time
 from pathlib import Path
@@ -307,6 +308,7 @@ def rank_main(run_dir: Path, resume: bool, extra_plugins: tuple = ()) -> dict[st
     plan = prepare(run_dir / "config.yaml", world_size=world, with_defaults=True, extra_plugins=extra_plugins)
     lock = lock_workers(run_dir)
     device = distributed.pick_device(local_rank)
+    random.seed(plan.config.seed)  # Python's generator too: its state is part of every checkpoint
     torch.manual_seed(plan.config.seed)
     if plan.config.tf32 and device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
