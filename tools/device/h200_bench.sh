@@ -3,18 +3,19 @@
 # then the GPU-marked tests. Results land in $OUT/b; docs/performance.md quotes them.
 #   run: bash tools/device/h200_bench.sh   (carry .whl: the wheels of pluggy, attrs, cattrs, liger-kernel, and for
 # DeepSpeed its wheel built here with `pip wheel deepspeed --no-deps` and hjson, pydantic, pydantic-core,
-# annotated-types, typing-inspection)
-# CONFIGS (names under configs/bench/), PEER ("" for none), BENCH_ARGS and GPU_TESTS=1 choose what runs.
+# annotated-types, typing-inspection; for QLoRA the bitsandbytes wheel)
+# CONFIGS (names under configs/bench/), PEER ("" for none), BENCH_ARGS, BENCH_TIMEOUT (s) and GPU_TESTS=1
+# choose what runs.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/fsdp -e plugins/liger -e plugins/parallel -e plugins/deepspeed > "$OUT/pip.txt" 2>&1 || tail -5 "$OUT/pip.txt"
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/fsdp -e plugins/liger -e plugins/parallel -e plugins/deepspeed -e plugins/lora > "$OUT/pip.txt" 2>&1 || tail -5 "$OUT/pip.txt"
 mkdir -p "$OUT/b"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
 } > "$OUT/b/env.txt" 2>&1
 for c in ${CONFIGS:-llama_1p5b llama_1p5b_fsdp2_liger llama_1p5b_fsdp2_liger_ac}; do
-  timeout 200 ktrain bench "configs/bench/$c.yaml" ${PEER---peer hf} ${BENCH_ARGS:-} --json "$OUT/b/$c.json" > "$OUT/b/$c.txt" 2>&1
+  timeout ${BENCH_TIMEOUT:-200} ktrain bench "configs/bench/$c.yaml" ${PEER---peer hf} ${BENCH_ARGS:-} --json "$OUT/b/$c.json" > "$OUT/b/$c.txt" 2>&1
   tail -25 "$OUT/b/$c.txt"
 done
 if [ -n "${GPU_TESTS:-}" ]; then

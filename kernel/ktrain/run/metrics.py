@@ -8,6 +8,7 @@ bf16 peak (``KTRAIN_PEAK_TFLOPS`` overrides; unknown devices and CPUs report no 
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import sys
@@ -33,8 +34,12 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 def _numel(p: torch.Tensor) -> int:
-    """Elements of a parameter, whole: ZeRO-3 leaves each rank an empty tensor and the size in ``ds_numel``."""
-    return getattr(p, "ds_numel", p.numel())
+    """Elements of a parameter, whole: ZeRO-3 leaves each rank an empty tensor and the size in ``ds_numel``;
+    a 4-bit quantized weight packs two elements a byte and keeps its shape in ``quant_state``."""
+    if hasattr(p, "ds_numel"):
+        return p.ds_numel
+    shape = getattr(getattr(p, "quant_state", None), "shape", None)
+    return math.prod(shape) if shape is not None else p.numel()
 
 
 def non_embedding_params(model: Any) -> int:

@@ -70,3 +70,15 @@ def test_an_evaluation_leaves_the_adapter_gradients_unchanged(tmp_path: Path) ->
     assert fresh.keys() == after.keys()
     for name in fresh:
         torch.testing.assert_close(after[name], fresh[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_mfu_counts_the_4bit_base_whole(tmp_path: Path) -> None:
+    """A 4-bit weight packs two elements a byte; the kernel's FLOPs count reads its shape from quant_state."""
+    from ktrain.run.metrics import non_embedding_params
+
+    model_dir(tmp_path)
+    config = transformers.AutoConfig.from_pretrained(tmp_path / "model")
+    full = non_embedding_params(transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32))
+    model = _qlora(tmp_path)
+    adapter = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    assert non_embedding_params(model) == full + adapter
