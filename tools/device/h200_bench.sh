@@ -4,8 +4,8 @@
 #   run: bash tools/device/h200_bench.sh   (carry .whl: the wheels of pluggy, attrs, cattrs, liger-kernel, and for
 # DeepSpeed its wheel built here with `pip wheel deepspeed --no-deps` and hjson, pydantic, pydantic-core,
 # annotated-types, typing-inspection; for QLoRA the bitsandbytes wheel)
-# CONFIGS (names under configs/bench/), PEER ("" for none), BENCH_ARGS, BENCH_TIMEOUT (s) and GPU_TESTS=1
-# choose what runs.
+# CONFIGS (names under configs/bench/), PEER ("" for none), BENCH_ARGS, BENCH_TIMEOUT (s), QLORA_PEER (a
+# bench config name for plugins/lora/benchmarks/qlora_peer.py) and GPU_TESTS=1 choose what runs.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
@@ -18,6 +18,10 @@ for c in ${CONFIGS:-llama_1p5b llama_1p5b_fsdp2_liger llama_1p5b_fsdp2_liger_ac}
   timeout ${BENCH_TIMEOUT:-200} ktrain bench "configs/bench/$c.yaml" ${PEER---peer hf} ${BENCH_ARGS:-} --json "$OUT/b/$c.json" > "$OUT/b/$c.txt" 2>&1
   tail -25 "$OUT/b/$c.txt"
 done
+if [ -n "${QLORA_PEER:-}" ]; then  # issue 7's peer (HF + peft + bitsandbytes) on a bench config, same call
+  timeout ${BENCH_TIMEOUT:-200} python plugins/lora/benchmarks/qlora_peer.py "configs/bench/$QLORA_PEER.yaml" \
+    --json "$OUT/b/qlora_peer.json" 2>&1 | tail -3
+fi
 if [ -n "${GPU_TESTS:-}" ]; then
   timeout 150 python -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_bench.py plugins/liger/tests > "$OUT/b/gpu_tests.txt" 2>&1; tail -15 "$OUT/b/gpu_tests.txt"
 fi
