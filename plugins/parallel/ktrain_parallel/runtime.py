@@ -1,5 +1,7 @@
 """The runtime object: tensor parallelism on the model, the split-sequence attention, the split step.
 
+torch is imported inside the hooks, so that ``ktrain check`` stays light.
+
 Order on every rank (the kernel's): ``wrap_model`` (adapters, kernels) -> ``parallelize`` (here: the
 tensor-parallel plan, then the attention) -> ``shard`` (FSDP2 over ``dp_shard`` x ``cp``, HSDP with
 ``dp_replicate``; activation checkpointing and FSDP wrap the parallelized blocks).
@@ -10,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from ktrain import hookimpl
-from ktrain_parallel import attention
 from ktrain_parallel.checks import raise_shape_problems
 from ktrain_parallel.entry import sequence_ranks
 
@@ -26,6 +27,8 @@ class Parallel:
     @hookimpl
     def ktrain_parallelize(self, model: Any, run: Any) -> None:
         """Check the model's shape, apply the tensor-parallel plan, install the split-sequence attention."""
+        from ktrain_parallel import attention
+
         raise_shape_problems(model.config.to_dict(), self.config, self.ranks)
         if self.tp > 1:
             from ktrain_parallel.plans import apply_tensor_parallel
@@ -42,6 +45,7 @@ class Parallel:
     @hookimpl
     def ktrain_wrap_train_step(self, step: Any, run: Any) -> Any:
         """Give the model this rank's part of every micro-batch's sequence (whole rows under TP alone)."""
+        from ktrain_parallel import attention
         from ktrain_parallel.sequence import split_batch
 
         state = attention.STATE

@@ -8,6 +8,8 @@ The seed article's two parallel configs, shipped in configs/, pass ``ktrain chec
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,13 @@ def test_the_seed_parallel_configs_check(name: str, world: int, capsys: pytest.C
     sizes = [written.get(k, 1) for k in ("dp_replicate_size", "dp_shard_size", "context_parallel_size")]
     mesh = f"dp_replicate {sizes[0]} x dp_shard {sizes[1]} x cp {sizes[2]} x tp {written['tensor_parallel_size']}"
     assert f"mesh: {mesh} = {world} ranks" in out, out
+
+
+def test_check_of_a_parallel_config_imports_no_torch() -> None:
+    code = (
+        "import sys; from ktrain.cli import main; "
+        f"code = main(['check', {str(REPO / 'configs' / 'qwen3_fsdp_tp_cp.yaml')!r}, '--world-size', '8']); "
+        "sys.exit(code or 3 * ('torch' in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
