@@ -88,9 +88,13 @@ def check_plugins(config: Any, report: Report) -> None:
     tp, seq = config.tensor_parallel_size, max(config.context_parallel_size, config.sequence_parallel_degree)
     if tp <= 1 and seq <= 1:
         return
-    which = "tensor_parallel_size" if tp > 1 else "context_parallel_size"
-    if seq > 1 and config.sequence_parallel_degree > 1:
-        which = "sequence_parallel_degree" if tp <= 1 else which
+    which = (
+        "tensor_parallel_size"
+        if tp > 1
+        else "sequence_parallel_degree"
+        if config.sequence_parallel_degree > 1
+        else "context_parallel_size"
+    )
     if getattr(config, "deepspeed", None) is not None:
         report.error(
             which,
