@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -100,3 +101,19 @@ class Engine:
 
     def train(self, mode: bool = True) -> None:
         self.module.train(mode)
+
+
+class DataParallelEngine(Engine):
+    """An engine whose ``module`` may be DDP: the gradient all-reduce is skipped on all but the last micro-batch.
+
+    The kernel owns the step. Plugins that wrap the model in ``DistributedDataParallel`` (the kernel's
+    default sharding, contrib's ``zero_redundancy``) build this engine or a subclass of it.
+    """
+
+    @contextlib.contextmanager
+    def accumulate(self, last: bool) -> Iterator[None]:
+        if last or not isinstance(self.module, DistributedDataParallel):
+            yield
+        else:
+            with self.module.no_sync():
+                yield

@@ -7,15 +7,13 @@ and each rank updates only the parameters whose optimizer state it holds, then b
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.nn.parallel import DistributedDataParallel
 
-from ktrain.engine import Engine
+from ktrain.engine import DataParallelEngine
 
 
 def sharded_optimizer(
@@ -37,17 +35,9 @@ def sharded_optimizer(
     return zero
 
 
-class ZeroRedundancyEngine(Engine):
-    """DDP around the model and a sharded optimizer (a plain one on a single rank)."""
-
-    @contextlib.contextmanager
-    def accumulate(self, last: bool) -> Iterator[None]:
-        """DDP's ``no_sync`` on all but the last micro-batch: one gradient all-reduce per optimizer step."""
-        if last or not isinstance(self.module, DistributedDataParallel):
-            yield
-        else:
-            with self.module.no_sync():
-                yield
+class ZeroRedundancyEngine(DataParallelEngine):
+    """DDP around the model (one gradient all-reduce per optimizer step) and a sharded optimizer (a plain one
+    on a single rank)."""
 
     def full_optimizer_state(self) -> dict[str, Any] | None:
         """The whole optimizer state, gathered to rank 0 (collective); None on the other ranks."""

@@ -64,4 +64,4 @@ def ktrain_activate(config: Any, activate: Any) -> None:
 @hookimpl
 def ktrain_register_checkpoint_formats(register: Any) -> None:
     """``ktrain export`` reads this plugin's checkpoints on one CPU process."""
-    register(FORMAT, lazy("ktrain_zero_redundancy.checkpoint:read_state_dict"))
+    register(FORMAT, lazy("ktrain.builtin.local_checkpoint:read_state_dict"))

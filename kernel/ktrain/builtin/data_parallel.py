@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
 
 from ktrain import hookimpl
-from ktrain.engine import Engine, param_groups
+from ktrain.engine import DataParallelEngine, Engine, param_groups
 from ktrain.run.distributed import submesh
-
-
-class DataParallelEngine(Engine):
-    """The kernel owns the step; DDP skips the gradient all-reduce on all but the last micro-batch."""
-
-    @contextlib.contextmanager
-    def accumulate(self, last: bool) -> Iterator[None]:
-        if last or not isinstance(self.module, DistributedDataParallel):
-            yield
-        else:
-            with self.module.no_sync():
-                yield
 
 
 class DataParallel:

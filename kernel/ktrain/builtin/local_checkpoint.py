@@ -31,6 +31,28 @@ def read_state_dict(path: Path, manifest: dict[str, Any]) -> dict[str, torch.Ten
     return load_file(path / "model.safetensors")
 
 
+def write_whole(path: Path, engine: Any, optimizer_state: dict[str, Any]) -> None:
+    """Write ``model.safetensors`` (``saved_state``), ``optimizer.pt`` and ``scheduler.pt`` into ``path``.
+
+    Called on the rank that writes; ``optimizer_state`` is the whole optimizer's state (a sharding
+    plugin gathers it first). Plugins that keep the whole model on every rank reuse this format.
+    """
+    save_file(saved_state(engine.model), str(path / "model.safetensors"))
+    torch.save(optimizer_state, path / "optimizer.pt")
+    torch.save(engine.lr_scheduler.state_dict(), path / "scheduler.pt")
+
+
+def read_whole(path: Path, engine: Any, device: torch.device) -> None:
+    """Restore what ``write_whole`` wrote into ``engine``; a model that lacks a saved tensor is refused."""
+    state = load_file(path / "model.safetensors", device=str(device))
+    lacking = saved_state(engine.model).keys() - state.keys()
+    if lacking:
+        raise ValueError(f"resume: {path} lacks {', '.join(sorted(lacking)[:3])}; it was written for another model")
+    engine.model.load_state_dict(state, strict=False)
+    engine.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=device, weights_only=True))
+    engine.lr_scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+
+
 class LocalCheckpoint:
     """Saves and restores the whole model, optimizer and scheduler from rank 0's copy."""
 
@@ -40,9 +62,7 @@ class LocalCheckpoint:
     @hookimpl(trylast=True)
     def ktrain_save_checkpoint(self, engine: Any, run: Any, path: Path) -> dict[str, Any]:
         if run.is_main:
-            save_file(saved_state(engine.model), str(path / "model.safetensors"))
-            torch.save(engine.optimizer.state_dict(), path / "optimizer.pt")
-            torch.save(engine.lr_scheduler.state_dict(), path / "scheduler.pt")
+            write_whole(path, engine, engine.optimizer.state_dict())
         return {"format": FORMAT}
 
     @hookimpl(trylast=True)
@@ -52,11 +72,5 @@ class LocalCheckpoint:
                 f"resume: {path} is a '{manifest.get('format')}' checkpoint written by {manifest.get('plugin')}; "
                 f"this run saves '{FORMAT}' (no sharding plugin). Enable the plugin that wrote it."
             )
-        state = load_file(path / "model.safetensors", device=str(run.device))
-        lacking = saved_state(engine.model).keys() - state.keys()
-        if lacking:
-            raise ValueError(f"resume: {path} lacks {', '.join(sorted(lacking)[:3])}; it was written for another model")
-        engine.model.load_state_dict(state, strict=False)
-        engine.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=run.device, weights_only=True))
-        engine.lr_scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+        read_whole(path, engine, run.device)
         return True
