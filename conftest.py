@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +38,25 @@ def tiny_chat_jsonl(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     return path
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path, tiny_model_dir: Path, tiny_chat_jsonl: Path) -> Callable[..., Path]:
+    """A function that writes ``tmp_path/config.yaml``, a run over the tiny model and data with ``keys`` on top,
+    and returns its path (``ktrain check`` material: the model has no weights)."""
+
+    def write(**keys: object) -> Path:
+        data = {
+            "base_model": str(tiny_model_dir),
+            "datasets": [{"path": str(tiny_chat_jsonl), "type": "chat_template"}],
+            "output_dir": str(tmp_path / "out"),
+            **keys,
+        }
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        return path
+
+    return write
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,30 +11,15 @@ from typing import Any
 
 import yaml
 
+from ktrain.testing.assets import write_model_dir
+
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart"
 
 
 def model_dir(root: Path, **overrides: Any) -> Path:
-    """The quickstart tokenizer with a smaller Llama config (``overrides`` change the config)."""
-    path = root / "model"
-    path.mkdir(parents=True, exist_ok=True)
-    for f in (QUICKSTART / "model").iterdir():
-        shutil.copy(f, path / f.name)
-    config = json.loads((path / "config.json").read_text())
-    config.update(
-        {
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
-            **overrides,
-        }
-    )
-    (path / "config.json").write_text(json.dumps(config, indent=1))
-    return path
+    """``ktrain.testing``'s tiny Llama folder in ``root/model`` (``overrides`` change its config)."""
+    return write_model_dir(root / "model", **overrides)
 
 
 def dataset(root: Path, rows: int) -> Path:

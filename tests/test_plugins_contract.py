@@ -19,7 +19,6 @@ from pathlib import Path
 import attrs
 import pluggy
 import pytest
-import yaml
 
 import ktrain
 from ktrain import hookimpl, hookspecs
@@ -61,21 +60,9 @@ def claiming(name: str, key: str, roles: tuple[str, ...]) -> types.ModuleType:
 
 
 @pytest.fixture
-def config(tmp_path: Path, tiny_model_dir: Path, tiny_chat_jsonl: Path):
+def config(tiny_config):
     """Write a good config with ``extra`` keys and return its path."""
-
-    def write(**extra: object) -> Path:
-        data = {
-            "base_model": str(tiny_model_dir),
-            "datasets": [{"path": str(tiny_chat_jsonl), "type": "chat_template"}],
-            "output_dir": str(tmp_path / "out"),
-            **extra,
-        }
-        path = tmp_path / "config.yaml"
-        path.write_text(yaml.safe_dump(data), encoding="utf-8")
-        return path
-
-    return write
+    return tiny_config
 
 
 # ---------------------------------------------------------------------------------------------------

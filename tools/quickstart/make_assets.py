@@ -18,78 +18,29 @@ import json
 import random
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models
+from ktrain.testing.assets import TINY_LLAMA, write_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2] / "configs" / "quickstart"
 SEED = 1234
 N_TEST = 200
 N_TRAIN = 8000
-SPECIALS = ["<|pad|>", "<|im_start|>", "<|im_end|>", "<|unk|>"]
-CHARS = ["\n"] + [chr(c) for c in range(32, 127)]
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-MODEL = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": len(SPECIALS) + len(CHARS),
+MODEL = {  # the testing kit's tiny Llama, a little wider and one layer deeper: enough to learn the task
+    **TINY_LLAMA,
     "hidden_size": 96,
     "intermediate_size": 384,
     "num_hidden_layers": 3,
     "num_attention_heads": 4,
     "num_key_value_heads": 4,
     "head_dim": 24,
-    "max_position_embeddings": 64,
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-06,
-    "rope_theta": 10000.0,
-    "initializer_range": 0.02,
     "attention_bias": False,
     "mlp_bias": False,
-    "tie_word_embeddings": False,
     "use_cache": True,
-    "bos_token_id": None,
-    "eos_token_id": 2,
-    "pad_token_id": 0,
-    "torch_dtype": "float32",
 }
 
 
 def dump(path: Path, obj) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def special(content: str) -> dict:
-    return {"content": content, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False}
-
-
-def write_tokenizer(out: Path) -> None:
-    vocab = {t: i for i, t in enumerate(SPECIALS + CHARS)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<|unk|>"))
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(SPECIALS)
-    dump(out / "tokenizer.json", json.loads(tok.to_str()))
-    names = {"eos_token": "<|im_end|>", "pad_token": "<|pad|>", "unk_token": "<|unk|>"}
-    dump(out / "special_tokens_map.json", {k: special(v) for k, v in names.items()})
-    dump(
-        out / "tokenizer_config.json",
-        {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "bos_token": None,
-            **names,
-            "add_bos_token": False,
-            "add_eos_token": False,
-            "clean_up_tokenization_spaces": False,
-            "model_max_length": MODEL["max_position_embeddings"],
-            "padding_side": "right",
-            "chat_template": CHAT_TEMPLATE,
-            "added_tokens_decoder": {str(i): {**special(t), "special": True} for i, t in enumerate(SPECIALS)},
-        },
-    )
 
 
 def row(a: int, op: str, b: int) -> str:
@@ -110,7 +61,7 @@ def write_data(out: Path) -> None:
 
 def main() -> None:
     dump(ROOT / "model" / "config.json", MODEL)
-    write_tokenizer(ROOT / "model")
+    write_tokenizer(ROOT / "model")  # the kit's tokenizer: the same files as ktrain.testing.write_model_dir
     write_data(ROOT / "data")
     print(f"wrote assets under {ROOT}")
 

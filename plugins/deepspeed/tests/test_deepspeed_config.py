@@ -16,7 +16,6 @@ from pathlib import Path
 
 import attrs
 import pytest
-import yaml
 
 from ktrain import hookimpl
 from ktrain.cli import main
@@ -31,21 +30,9 @@ BF16_FILES = {"zero3_bf16.json", "zero3_bf16_cpuoffload_all.json", "zero3_bf16_c
 
 
 @pytest.fixture
-def config(tmp_path: Path, tiny_model_dir: Path, tiny_chat_jsonl: Path):
+def config(tiny_config):
     """Write a run config with ``keys`` over the tiny model and data; return its path."""
-
-    def write(**keys: object) -> Path:
-        data = {
-            "base_model": str(tiny_model_dir),
-            "datasets": [{"path": str(tiny_chat_jsonl), "type": "chat_template"}],
-            "output_dir": str(tmp_path / "out"),
-            **keys,
-        }
-        path = tmp_path / "config.yaml"
-        path.write_text(yaml.safe_dump(data), encoding="utf-8")
-        return path
-
-    return write
+    return tiny_config
 
 
 def check(capsys, path: Path, *args: str) -> tuple[int, list[str], list[str]]:

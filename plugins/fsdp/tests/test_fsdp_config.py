@@ -42,21 +42,9 @@ def sets(tiny_model_dir: Path, tiny_chat_jsonl: Path, tmp_path: Path) -> list[st
 
 
 @pytest.fixture
-def write(tiny_model_dir: Path, tiny_chat_jsonl: Path, tmp_path: Path):
+def write(tiny_config):
     """Write a config over the tiny model with ``keys`` on top; return its path."""
-
-    def make(**keys: object) -> Path:
-        data = {
-            "base_model": str(tiny_model_dir),
-            "datasets": [{"path": str(tiny_chat_jsonl), "type": "chat_template"}],
-            "output_dir": str(tmp_path / "out"),
-            **keys,
-        }
-        path = tmp_path / "config.yaml"
-        path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-        return path
-
-    return make
+    return tiny_config
 
 
 def run_cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:

@@ -5,26 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ktrain.cli import main
 from tests.kit import dataset, ktrain, model_dir, write_config
 
 
 @pytest.fixture
-def check(tmp_path: Path, tiny_model_dir: Path, tiny_chat_jsonl: Path, capsys):
+def check(tiny_config, capsys):
     """Run ``ktrain check`` on a config with ``keys``; return (exit code, stderr + stdout)."""
 
     def run(**keys: object) -> tuple[int, str]:
-        data = {
-            "base_model": str(tiny_model_dir),
-            "datasets": [{"path": str(tiny_chat_jsonl), "type": "chat_template"}],
-            "output_dir": str(tmp_path / "out"),
-            **keys,
-        }
-        path = tmp_path / "config.yaml"
-        path.write_text(yaml.safe_dump(data), encoding="utf-8")
-        code = main(["check", str(path)])
+        code = main(["check", str(tiny_config(**keys))])
         out = capsys.readouterr()
         return code, out.err + out.out
 
