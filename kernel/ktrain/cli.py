@@ -8,6 +8,9 @@ output_dir), reported before any rank starts; 130 interrupted. ``--help``, ``che
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
+import io
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -77,7 +80,19 @@ def _configure_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     p.add_argument("--synthetic", action="store_true", help="random tokens even when the config has datasets")
+    p.add_argument(
+        "--lengths",
+        metavar="MEDIAN:MAX",
+        help="random-token samples of log-normal lengths (sigma 1) around MEDIAN, at most MAX tokens: packed under "
+        "sample_packing; the peer gets them one a row, padded to the longest of its micro-batch",
+    )
     p.add_argument("--peer", choices=["hf"], help="also time the plain Hugging Face step, first, on the same rows")
+    p.add_argument(
+        "--peer-micro-batch",
+        type=int,
+        metavar="N",
+        help="with --lengths: the peer's micro batch in samples (default: micro_batch_size)",
+    )
     p.add_argument(
         "--peer-variant",
         choices=["mixed", "bf16"],
@@ -219,9 +234,25 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``ktrain`` console script."""
+    """Entry point of the ``ktrain`` console script.
+
+    Called as the program (no ``argv``), the process ends with ``ktrain.hard_exit.end_process`` once the
+    command is done, without the interpreter's teardown; called with ``argv`` (tests, scripts), it returns.
+    """
+    code = _main(argv)
+    if argv is None:
+        from ktrain.hard_exit import end_process
+
+        end_process(code)
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from ktrain.config.report import ConfigError
     from ktrain.plugins import PluginError
+
+    with contextlib.suppress(io.UnsupportedOperation, AttributeError):  # stderr is no file when captured in-process
+        faulthandler.enable()  # a crash in native code (SIGSEGV, SIGABRT) prints the Python stack that led to it
 
     try:
         parser, commands = build_parser()

@@ -7,8 +7,8 @@ the agent restarts (``--max-restarts``) resumes from the latest checkpoint when 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
-import sys
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     """Train one rank of the run whose config lies in RUN_DIR."""
     from ktrain.run.trainer import rank_main
 
+    faulthandler.enable()  # a native crash of this rank prints its Python stack before the launcher reports it
     parser = argparse.ArgumentParser(prog="ktrain.worker")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--resume", action="store_true")
@@ -36,4 +37,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ktrain.hard_exit import end_process
+
+    end_process(main())  # a rank that raised leaves through the traceback, its error recorded for the launcher
