@@ -114,6 +114,40 @@ def test_bench_on_the_configs_data(kind: str, tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_bench_packs_variable_lengths_beside_a_padded_peer(tmp_path: Path) -> None:
+    """``--lengths``: samples of log-normal lengths, packed on the ktrain side (a block-diagonal mask keeps them
+    apart on a CPU), one a row and padded to the longest on the peer's; tokens/s counts the samples' tokens, and
+    the report gives each side's share of padding."""
+    model_dir(tmp_path, vocab_size=100)
+    keys = {"datasets": [], "sequence_len": 64, "micro_batch_size": 2, "sample_packing": True}
+    keys["pad_to_sequence_len"] = True  # the ktrain rows only: the peer pads to its longest sample
+    config = write_config(tmp_path, **keys)
+    args = ("--steps", "3", "--warmup", "1", "--peer", "hf", "--lengths", "8:48", "--peer-micro-batch", "4")
+    report, stdout = bench_json(tmp_path, str(config), *args)
+    assert report["rows"].startswith("random tokens, samples of log-normal lengths (median 8, sigma 1, at most 48)")
+    check_side(report["ktrain"], report)
+    check_side(report["peer"], report)
+    assert report["ktrain"]["padding"] < 0.2 < report["peer"]["padding"] < 0.6  # (to 64: about 85%)
+    for side in (report["ktrain"], report["peer"]):  # random init, random tokens: about log(vocab)
+        assert side["first_loss"] == pytest.approx(math.log(100), rel=0.05)
+    assert "loss@1 padding" in stdout and "tokens/s counts the samples' tokens" in stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--lengths", "300:200"), "--lengths: expected MEDIAN:MAX, two whole numbers with 2 <= MEDIAN <= MAX"),
+        (("--lengths", "8:100"), "--lengths: the longest sample (100) exceeds sequence_len (64); lower MAX"),
+        (("--peer-micro-batch", "4"), "--peer-micro-batch goes with --lengths"),
+    ],
+)
+def test_bench_refuses_bad_lengths(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
+    model_dir(tmp_path, vocab_size=100)
+    config = write_config(tmp_path, datasets=[], sequence_len=64)
+    done = ktrain("bench", str(config), "--steps", "1", *args)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
 def test_bench_peer_with_bf16_weights(tmp_path: Path) -> None:
     """``--peer-variant bf16`` casts the peer's weights to bf16: the same model, rounded."""
     model_dir(tmp_path, vocab_size=100)

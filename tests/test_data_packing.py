@@ -120,3 +120,14 @@ def test_flash_varlen_packed_row_matches_samples_one_by_one(tiny: Path) -> None:
         batch = {k: v.cuda() for k, v in collate([samples], 0, None, "flash_attention_2").items()}
         packed = float(model(**batch, num_items_in_batch=torch.tensor(1.0)).loss)
     assert packed == pytest.approx(sum(alone), rel=2e-2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback is for a machine without a GPU")
+def test_flex_attention_falls_back_to_sdpa_without_a_gpu(tiny_config) -> None:
+    """FlexAttention has no backward on a CPU: a run asking for it trains with SDPA, and says so."""
+    from ktrain.builtin.hf_model import attention_implementation
+    from ktrain.resolve import load_plugins_and_config
+
+    _, config = load_plugins_and_config(tiny_config(attn_implementation="flex_attention", sample_packing=True), [])
+    with pytest.warns(UserWarning, match="FlexAttention has no backward pass on a CPU; using PyTorch SDPA"):
+        assert attention_implementation(config) == "sdpa"

@@ -9,7 +9,10 @@ end, so nothing is written to ``output_dir``.
 Rows: random tokens, ``micro_batch_size`` rows of ``sequence_len`` tokens per micro-batch, every token
 trained, with ``--synthetic`` or when the config has no ``datasets`` (the config check's demand for
 ``datasets`` is then met by a placeholder entry that nothing reads, and no tokenizer is loaded);
-otherwise the config's data, tokenized into the temporary run directory (or ``dataset_prepared_path``).
+with ``--lengths MEDIAN:MAX`` random-token samples of log-normal lengths (``ktrain.bench_rows``), packed
+into rows under ``sample_packing`` and given to the peer one a row, padded to the longest of its micro-batch
+(``--peer-micro-batch``): tokens/s then counts real tokens, not padding; otherwise the config's data,
+tokenized into the temporary run directory (or ``dataset_prepared_path``).
 
 With ``--peer hf`` the plain Hugging Face step (``ktrain.bench_peer``) runs first, on the same rows, and
 is freed before the ktrain side is built: it runs first because plugins such as Liger patch the
@@ -30,9 +33,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from ktrain.bench_rows import LENGTH_SIGMA, FetchedRows, SampleRows, SyntheticRows, padding, variable_length_rows
 from ktrain.bench_timing import Timed, Timeline, reset_memory, run_steps
 from ktrain.config.report import ConfigError
 from ktrain.data import pipeline, templates
@@ -47,40 +50,8 @@ from ktrain.run.trainer import Trainer
 
 PLACEHOLDER_DATASETS = "datasets=[{path: ktrain-bench-synthetic-rows}]"
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
-
-
-class SyntheticRows:
-    """Random-token rows for the bench: each row one sample of ``sequence_len`` tokens, every token trained.
-
-    Two global batches of distinct rows, used in turn; the shape of ``PlannedRows`` for one rank.
-    """
-
-    dp_size = 1
-
-    def __init__(self, vocab_size: int, config: Any):
-        micro, accum, seq = config.micro_batch_size, config.gradient_accumulation_steps, config.sequence_len
-        ids = np.random.default_rng(config.seed).integers(0, vocab_size, size=(2, accum, micro, seq), dtype=np.int32)
-        self.batches = [[[[Example(row, row)] for row in micro_rows] for micro_rows in batch] for batch in ids]
-        self.rows_per_step = micro * accum
-        self.steps_per_epoch = 2
-        self.n = 2 * self.rows_per_step
-
-    def step(self, step: int) -> list[list[list[list[Example]]]]:
-        """The rows of ``step``: ``[rank][micro] -> rows``, each row a list of one sample."""
-        return [self.batches[step % 2]]
-
-
-class FetchedRows:
-    """The rows of a streamed dataset's first ``steps`` steps, read once: a stream cannot be read twice (the
-    peer's pass, then ktrain's), so both sides time the step, not the tokenization."""
-
-    def __init__(self, stream: StreamRows, steps: int):
-        self.rows = [stream.step(i) for i in range(steps)]
-        self.dp_size, self.rows_per_step = stream.dp_size, stream.rows_per_step
-        self.steps_per_epoch, self.n = steps, steps * stream.rows_per_step
-
-    def step(self, step: int) -> list[list[list[list[Example]]]]:
-        return self.rows[step]
+Lengths = tuple[int, int, int]
+"""``--lengths``: the median and the longest sample, and the peer's micro batch."""
 
 
 class TimedEngine:
@@ -113,16 +84,21 @@ class BenchTrainer(Trainer):
     def __init__(self, run: Run):
         super().__init__(run)
         self.timeline = Timeline(run.device)
+        self.peer_rows: SampleRows | None = None
 
-    def load_data(self, synthetic: bool, steps: int) -> TrainData:
-        """Synthetic rows, or the config's data (for ``steps`` steps) through the tokenizer and the data pipeline."""
+    def load_data(self, synthetic: bool, steps: int, lengths: Lengths | None = None) -> TrainData:
+        """Synthetic rows (of ``lengths`` when given, the peer's then in ``self.peer_rows``), or the config's data
+        (for ``steps`` steps) through the tokenizer and the data pipeline."""
         run, config = self.run, self.config
-        if synthetic:
+        if synthetic or lengths:
             import transformers
 
             source = config.base_model_config or config.base_model
             vocab = transformers.AutoConfig.from_pretrained(source, trust_remote_code=config.trust_remote_code)
             self.pad_id = 0
+            if lengths:
+                ours, self.peer_rows = variable_length_rows(vocab.vocab_size, config, *lengths, steps=steps)
+                return TrainData(ours, [], config.sample_packing, False, [])
             return TrainData(SyntheticRows(vocab.vocab_size, config), [], False, False, [])
         run.tokenizer = run.hook.ktrain_load_tokenizer(run=run)
         if config.chat_template or config.chat_template_jinja:
@@ -177,10 +153,13 @@ def _run(plan: Plan, run_dir: Path) -> Run:
     return Run.one_process(plan, run_dir, device, distributed.init(plan.mesh, device))
 
 
-def _side(name: str, timed: Timed, flops: float, peak: float | None, held: float | None) -> dict[str, Any]:
+def _side(
+    name: str, timed: Timed, flops: float, peak: float | None, held: float | None, padded: float
+) -> dict[str, Any]:
     tokens_per_s = timed.tokens / timed.seconds
     return {
         "name": name,
+        "padding": padded,
         "tokens_per_s": tokens_per_s,
         "mfu": tokens_per_s * flops / peak if peak else None,
         "peak_memory_gib": timed.peak_memory_gib,
@@ -193,7 +172,19 @@ def _side(name: str, timed: Timed, flops: float, peak: float | None, held: float
     }
 
 
-def _header(config: str, run: Run, synthetic: bool, warmup: int, steps: int, peak: float | None) -> dict[str, Any]:
+def _rows(synthetic: bool, lengths: Lengths | None, packed: bool) -> str:
+    """What the report says of the rows."""
+    if lengths:
+        median, cap, peer_micro = lengths
+        ours = "packed into rows of sequence_len" if packed else "one a row"
+        return (
+            f"random tokens, samples of log-normal lengths (median {median}, sigma {LENGTH_SIGMA:g}, at most {cap}), "
+            f"{ours}; the peer's one a row, {peer_micro} a micro-batch, padded to the longest"
+        )
+    return "synthetic random tokens" if synthetic else "the config's datasets"
+
+
+def _header(config: str, run: Run, rows: str, warmup: int, steps: int, peak: float | None) -> dict[str, Any]:
     import transformers
 
     from ktrain import __version__
@@ -204,7 +195,7 @@ def _header(config: str, run: Run, synthetic: bool, warmup: int, steps: int, pea
         "device": torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else "CPU",
         "versions": {"ktrain": __version__, "torch": torch.__version__, "transformers": transformers.__version__},
         "plugins": sorted({a.plugin.distribution for a in run.plan.plugins.activations if not a.default}),
-        "rows": "synthetic random tokens" if synthetic else "the config's datasets",
+        "rows": rows,
         "micro_batch_size": cfg.micro_batch_size,
         "sequence_len": cfg.sequence_len,
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
@@ -260,31 +251,42 @@ def bench(
     peer: str | None,
     peer_variant: str,
     profile_to: Path | None = None,
+    lengths: Lengths | None = None,
 ) -> dict[str, Any]:
     """Time the config's step (and first the peer's); return the report that ``ktrain bench`` prints."""
     from ktrain.bench_peer import describe, run_peer
 
+    total = warmup + steps + (3 if profile_to else 0)
+    timed_steps = range(warmup, warmup + steps)
     with tempfile.TemporaryDirectory(prefix="ktrain-bench-") as tmp:
-        plan, synthetic = _prepare(config, overrides, Path(tmp), synthetic)
+        plan, synthetic = _prepare(config, overrides, Path(tmp), synthetic or bool(lengths))
         cfg = plan.config
+        if lengths and not lengths[2]:  # the peer's micro batch defaults to the config's
+            lengths = (lengths[0], lengths[1], cfg.micro_batch_size)
         run = _run(plan, Path(tmp))
         peak = peak_flops(run.device)
-        report = _header(config, run, synthetic, warmup, steps, peak)
+        report = _header(config, run, _rows(synthetic, lengths, cfg.sample_packing), warmup, steps, peak)
+        pad_to = cfg.sequence_len if cfg.pad_to_sequence_len else None
         trainer = BenchTrainer(run)
         try:
-            data = trainer.load_data(synthetic, warmup + steps)
+            data = trainer.load_data(synthetic, total, lengths)
             if peer:
+                # with --lengths the peer pads each micro-batch to its longest sample, as a user's collator does
+                rows, packed, peer_pad_to = (
+                    (trainer.peer_rows, False, None) if trainer.peer_rows else (data.train, data.train_packed, pad_to)
+                )
                 held = reset_memory(run.device)
                 timed, flops = run_peer(
-                    cfg, data.train, data.train_packed, trainer.pad_id, run.device, run.compute_dtype,
-                    peer_variant, warmup, steps,
+                    cfg, rows, packed, trainer.pad_id, peer_pad_to, run.device, run.compute_dtype, peer_variant,
+                    warmup, steps,
                 )  # fmt: skip
                 name = f"peer {peer}: {describe(peer_variant, run.compute_dtype)}"
-                report["peer"] = _side(name, timed, flops, peak, held)
+                report["peer"] = _side(name, timed, flops, peak, held, padding(rows, timed_steps, peer_pad_to))
             held = reset_memory(run.device)
             torch.manual_seed(cfg.seed)
             timed, report["formula"] = _time_ktrain(trainer, data, warmup, steps, profile_to)
-            report["ktrain"] = _side("ktrain", timed, report["formula"]["flops_per_token"], peak, held)
+            flops = report["formula"]["flops_per_token"]
+            report["ktrain"] = _side("ktrain", timed, flops, peak, held, padding(data.train, timed_steps, pad_to))
         finally:
             distributed.shutdown()
     if report["peer"]:
@@ -313,7 +315,7 @@ def describe_report(report: dict[str, Any]) -> str:
         f"= {f['flops_per_token']:.4g}; peak " + (peak or "unknown for this device: no MFU (set KTRAIN_PEAK_TFLOPS)"),
         "",
         f"{'':44} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} {'step ms':>9} {'data ms':>8} {'fwd+bwd ms':>10} "
-        f"{'optim ms':>9} {'loss@1':>7}",
+        f"{'optim ms':>9} {'loss@1':>7} {'padding':>7}",
     ]
     for side in (report["ktrain"], report["peer"]):
         if side is None:
@@ -323,13 +325,28 @@ def describe_report(report: dict[str, Any]) -> str:
         lines.append(
             f"{side['name'][:44]:44} {side['tokens_per_s']:>10,.0f} {mfu:>6} {_fmt_gib(side['peak_memory_gib']):>9} "
             f"{side['step_s'] * 1e3:>9.1f} {split['data'] * 1e3:>8.1f} {split['forward_backward'] * 1e3:>10.1f} "
-            f"{split['optimizer'] * 1e3:>9.1f} {side['first_loss']:>7.3f}"
+            f"{split['optimizer'] * 1e3:>9.1f} {side['first_loss']:>7.3f} {side['padding']:>7.1%}"
         )
+    lines.append("tokens/s counts the samples' tokens; padding is the share of the computed positions that are padding")
     if report["ratio"] is not None:
         lines.append(f"ktrain / peer: {report['ratio']:.2f}x tokens/s")
     if report["device"] == "CPU":
         lines.append("peak memory: n/a on a CPU (the GPU's max_memory_allocated on a GPU)")
     return "\n".join(lines)
+
+
+def _lengths(text: str | None, peer_micro: int | None) -> Lengths | None:
+    """``--lengths MEDIAN:MAX`` and ``--peer-micro-batch`` as a ``Lengths`` (None without ``--lengths``)."""
+    if text is None:
+        if peer_micro is not None:
+            raise ValueError("--peer-micro-batch goes with --lengths (the peer otherwise takes the ktrain side's rows)")
+        return None
+    parts = text.split(":")
+    if len(parts) != 2 or not all(part.isdigit() for part in parts) or not 2 <= int(parts[0]) <= int(parts[1]):
+        raise ValueError(f"--lengths: expected MEDIAN:MAX, two whole numbers with 2 <= MEDIAN <= MAX (got {text!r})")
+    if peer_micro is not None and peer_micro < 1:
+        raise ValueError("--peer-micro-batch must be at least 1")
+    return int(parts[0]), int(parts[1]), peer_micro or 0
 
 
 def bench_cli(args: argparse.Namespace) -> int:
@@ -338,6 +355,11 @@ def bench_cli(args: argparse.Namespace) -> int:
 
     if args.steps < 1 or args.warmup < 0:
         print("ktrain: --steps must be at least 1 and --warmup at least 0", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        lengths = _lengths(args.lengths, args.peer_micro_batch)
+    except ValueError as e:
+        print(f"ktrain: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         report = bench(
@@ -349,6 +371,7 @@ def bench_cli(args: argparse.Namespace) -> int:
             peer=args.peer,
             peer_variant=args.peer_variant,
             profile_to=args.profile,
+            lengths=lengths,
         )
     except (DataError, FileNotFoundError) as e:
         print(f"ktrain: {e}", file=sys.stderr)

@@ -65,6 +65,7 @@ def run_peer(
     train: Any,
     packed: bool,
     pad_id: int,
+    pad_to: int | None,
     device: torch.device,
     compute_dtype: torch.dtype,
     variant: str,
@@ -88,7 +89,6 @@ def run_peer(
         if variant == "mixed" and compute_dtype != torch.float32
         else contextlib.nullcontext()
     )
-    pad_to = config.sequence_len if config.pad_to_sequence_len else None
     clip = config.max_grad_norm if config.max_grad_norm is not None else math.inf
     timeline = Timeline(device)
 
@@ -97,7 +97,7 @@ def run_peer(
         tokens = 0
         loss_sum = torch.zeros((), device=device)
         for rows in micros:
-            batch = collate(rows, pad_id, pad_to, "sdpa" if packed else None)
+            batch = collate(rows, pad_id, pad_to, "sdpa" if packed else None, device)
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             tokens += sum(row_tokens(row) for row in rows)
             timeline.mark("data")

@@ -4,10 +4,10 @@
 #   run: bash tools/device/h200_bench.sh   (carry .whl: the wheels of pluggy, attrs, cattrs, liger-kernel, and for
 # DeepSpeed its wheel built here with `pip wheel deepspeed --no-deps` and hjson, pydantic, pydantic-core,
 # annotated-types, typing-inspection; for QLoRA the bitsandbytes wheel)
-# CONFIGS (names under configs/bench/), PEER ("" for none), BENCH_ARGS, BENCH_TIMEOUT (s), QLORA_PEER (a
+# WHEELS (the folder of wheels, default .whl), CONFIGS (names under configs/bench/), PEER ("" for none), BENCH_ARGS, BENCH_TIMEOUT (s), QLORA_PEER (a
 # bench config name for plugins/lora/benchmarks/qlora_peer.py) and GPU_TESTS=1 choose what runs.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/fsdp -e plugins/liger -e plugins/parallel -e plugins/deepspeed -e plugins/lora > "$OUT/pip.txt" 2>&1 || tail -5 "$OUT/pip.txt"
 mkdir -p "$OUT/b"

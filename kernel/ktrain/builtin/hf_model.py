@@ -40,6 +40,12 @@ def attention_implementation(config: Any) -> str:
             stacklevel=1,
         )
         return "sdpa"
+    if wanted == "flex_attention" and not torch.cuda.is_available():
+        warnings.warn(
+            "attn_implementation: FlexAttention has no backward pass on a CPU; using PyTorch SDPA attention instead",
+            stacklevel=1,
+        )
+        return "sdpa"
     return wanted
 
 

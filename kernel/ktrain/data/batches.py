@@ -83,7 +83,11 @@ def row_trained(row: list[Example]) -> int:
 
 
 def collate(
-    rows: list[list[Example]], pad_id: int, pad_to: int | None = None, packed_attention: str | None = None
+    rows: list[list[Example]],
+    pad_id: int,
+    pad_to: int | None = None,
+    packed_attention: str | None = None,
+    mask_device: torch.device | None = None,
 ) -> dict[str, Any]:
     """Right-pad a micro-batch of rows to the longest (or ``pad_to``); padding carries no label.
 
@@ -92,7 +96,8 @@ def collate(
     at 0 for each, each sample's first token has no label (it is not predicted from the sample before),
     and attention stays within a sample: ``flash_attention_*`` finds the samples from the position ids
     alone (variable-length kernels); ``flex_attention`` gets a document ``BlockMask``; SDPA (and any
-    other) a block-diagonal causal 4-D mask, boolean, or additive for ``eager``.
+    other) a block-diagonal causal 4-D mask, boolean, or additive for ``eager``. The mask is built on
+    ``mask_device`` (the CPU when None): built on the GPU it costs no host time and no copy.
     """
     length = pad_to or max(row_tokens(row) for row in rows)
     ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
@@ -120,7 +125,7 @@ def collate(
         documents[i, at:] = len(row)
     batch: dict[str, Any] = {"input_ids": ids, "labels": labels, "position_ids": positions}
     if "flash" not in packed_attention:
-        batch["attention_mask"] = document_mask(documents, packed_attention)
+        batch["attention_mask"] = document_mask(documents.to(mask_device or "cpu"), packed_attention)
     return batch
 
 
@@ -134,10 +139,9 @@ def document_mask(documents: torch.Tensor, attention: str) -> Any:
             return (documents[b, q] == documents[b, k]) & (q >= k)
 
         return create_block_mask(same_document, batch, None, length, length, device=documents.device)
-    causal = torch.ones((length, length), dtype=torch.bool).tril()
+    causal = torch.ones((length, length), dtype=torch.bool, device=documents.device).tril()
     allowed = (documents[:, :, None] == documents[:, None, :]) & causal
     if attention == "eager":
-        return torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, torch.finfo(torch.float32).min)[
-            :, None
-        ]
+        additive = torch.zeros(allowed.shape, dtype=torch.float32, device=documents.device)
+        return additive.masked_fill(~allowed, torch.finfo(torch.float32).min)[:, None]
     return allowed[:, None]

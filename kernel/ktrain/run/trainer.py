@@ -132,7 +132,7 @@ class Trainer:
 
     def _to_device(self, rows: list[list[Example]], packed: bool) -> dict[str, Any]:
         pad_to = self.config.sequence_len if self.config.pad_to_sequence_len else None
-        batch = collate(rows, self.pad_id, pad_to, self.attention if packed else None)
+        batch = collate(rows, self.pad_id, pad_to, self.attention if packed else None, self.run.device)
         return {
             k: v.to(self.run.device, non_blocking=True) if isinstance(v, torch.Tensor) else v.to(self.run.device)
             for k, v in batch.items()

@@ -1,0 +1,116 @@
+"""The rows ``ktrain bench`` times: random tokens of one length or of log-normal lengths, or a stream's first steps.
+
+Every source has the shape of ``PlannedRows`` for one rank: ``step(i)`` gives ``[rank][micro] -> rows``,
+each row a list of samples (one, or several when packed); every token of a synthetic sample is trained.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+
+from ktrain.config.report import ConfigError
+from ktrain.data.batches import row_tokens
+from ktrain.data.examples import Example
+from ktrain.data.packing import pack
+from ktrain.data.stream import StreamRows
+
+LENGTH_SIGMA = 1.0
+"""The spread of ``--lengths``: the natural log of a sample's length has this standard deviation."""
+MIN_LENGTH = 2
+
+
+class SyntheticRows:
+    """Random-token rows of ``sequence_len`` tokens, each row one sample: two global batches used in turn."""
+
+    dp_size = 1
+
+    def __init__(self, vocab_size: int, config: Any):
+        micro, accum, seq = config.micro_batch_size, config.gradient_accumulation_steps, config.sequence_len
+        ids = np.random.default_rng(config.seed).integers(0, vocab_size, size=(2, accum, micro, seq), dtype=np.int32)
+        self.batches = [[[[Example(row, row)] for row in micro_rows] for micro_rows in batch] for batch in ids]
+        self.rows_per_step = micro * accum
+        self.steps_per_epoch = 2
+        self.n = 2 * self.rows_per_step
+
+    def step(self, step: int) -> list[list[list[list[Example]]]]:
+        return [self.batches[step % 2]]
+
+
+class FetchedRows:
+    """The rows of a streamed dataset's first ``steps`` steps, read once: a stream cannot be read twice (the
+    peer's pass, then ktrain's), so both sides time the step, not the tokenization."""
+
+    def __init__(self, stream: StreamRows, steps: int):
+        self.rows = [stream.step(i) for i in range(steps)]
+        self.dp_size, self.rows_per_step = stream.dp_size, stream.rows_per_step
+        self.steps_per_epoch, self.n = steps, steps * stream.rows_per_step
+
+    def step(self, step: int) -> list[list[list[list[Example]]]]:
+        return self.rows[step]
+
+
+def lognormal_lengths(count: int, median: int, cap: int, seed: int) -> np.ndarray:
+    """``count`` sample lengths, log-normal around ``median`` (``LENGTH_SIGMA``), clipped to [2, ``cap``]."""
+    drawn = np.random.default_rng(seed).lognormal(math.log(median), LENGTH_SIGMA, size=count)
+    return np.clip(np.rint(drawn), MIN_LENGTH, cap).astype(np.int64)
+
+
+class SampleRows:
+    """Samples in rows (several to a row when packed), ``micro`` rows a micro-batch, in a seeded order; the
+    rows repeat when the steps outrun them."""
+
+    dp_size = 1
+
+    def __init__(self, samples: list[Example], rows: list[list[int]], micro: int, accum: int, seed: int):
+        self.samples, self.micro, self.accum = samples, micro, accum
+        self.rows = rows[:]
+        random.Random(f"ktrain-bench:{seed}").shuffle(self.rows)
+        self.rows_per_step = micro * accum
+        self.steps_per_epoch = max(1, len(self.rows) // self.rows_per_step)
+        self.n = len(self.rows)
+
+    def step(self, step: int) -> list[list[list[list[Example]]]]:
+        start = step * self.rows_per_step
+        picked = [self.rows[(start + k) % len(self.rows)] for k in range(self.rows_per_step)]
+        rows = [[self.samples[i] for i in row] for row in picked]
+        return [[rows[k * self.micro : (k + 1) * self.micro] for k in range(self.accum)]]
+
+
+def padding(rows: Any, steps: range, pad_to: int | None) -> float:
+    """The share of the positions a model computes over ``steps`` of ``rows`` (one rank's) that are padding:
+    each micro-batch is padded to its longest row, or to ``pad_to``."""
+    real = computed = 0
+    for i in steps:
+        for micro in rows.step(i)[0]:
+            lengths = [row_tokens(row) for row in micro]
+            real += sum(lengths)
+            computed += len(micro) * (pad_to or max(lengths))
+    return 1 - real / max(computed, 1)
+
+
+def variable_length_rows(
+    vocab_size: int, config: Any, median: int, cap: int, peer_micro: int, steps: int
+) -> tuple[SampleRows, SampleRows]:
+    """Random-token samples of log-normal lengths for ``steps`` steps of each side: the ktrain side's rows
+    (packed into rows of ``sequence_len`` under ``sample_packing``, else one sample a row) and the peer's
+    (one sample a row, ``peer_micro`` rows a micro-batch)."""
+    if cap > config.sequence_len:
+        raise ConfigError.single(
+            "--lengths", f"the longest sample ({cap}) exceeds sequence_len ({config.sequence_len}); lower MAX"
+        )
+    micro, accum = config.micro_batch_size, config.gradient_accumulation_steps
+    mean = min(cap, median * math.exp(LENGTH_SIGMA**2 / 2))
+    per_row = max(1, math.ceil(config.sequence_len / mean)) if config.sample_packing else 1
+    count = steps * accum * max(peer_micro, micro * per_row)
+    lengths = lognormal_lengths(count, median, cap, config.seed)
+    ids = np.random.default_rng(config.seed + 1).integers(0, vocab_size, size=int(lengths.sum()), dtype=np.int32)
+    ends = np.cumsum(lengths)
+    samples = [Example(ids[end - n : end], ids[end - n : end]) for n, end in zip(lengths, ends, strict=True)]
+    single = [[i] for i in range(count)]
+    packed = pack(lengths, config.sequence_len, config.sample_packing_method, config.seed)
+    ours = SampleRows(samples, packed if config.sample_packing else single, micro, accum, config.seed)
+    return ours, SampleRows(samples, single, peer_micro, accum, config.seed)
