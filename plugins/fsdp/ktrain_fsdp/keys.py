@@ -42,6 +42,9 @@ class FsdpConfig:
         None, "checkpoints: SHARDED_STATE_DICT (DCP shards, default) or FULL_STATE_DICT (one safetensors model)"
     )
     activation_checkpointing: bool | None = key(None, "recompute each transformer block's activations in backward")
+    activation_checkpointing_fraction: float | None = key(
+        None, "FSDP2: the share of transformer blocks recomputed, spread evenly (default 1.0: every block)"
+    )
     # FSDP1 (fsdp_version: 1)
     fsdp_sharding_strategy: SHARDING_STRATEGIES | None = key(None, "FSDP1: what is sharded (default FULL_SHARD)")
     fsdp_offload_params: bool | None = key(None, "FSDP1 spelling of offload_params")

@@ -59,8 +59,16 @@ def layer_classes(model: torch.nn.Module, options: FsdpOptions) -> tuple[type, .
     return tuple(present[name] for name in names)
 
 
-def apply_activation_checkpointing(model: torch.nn.Module, classes: tuple[type, ...]) -> None:
-    """Recompute each transformer block in backward (non-reentrant checkpoint wrappers)."""
+def recomputed_blocks(count: int, fraction: float) -> list[int]:
+    """Indices of the ``round(count x fraction)`` blocks (at least one) to recompute, spread evenly."""
+    chosen = max(1, round(count * fraction))
+    return [i for i in range(count) if (i + 1) * chosen // count > i * chosen // count]
+
+
+def apply_activation_checkpointing(model: torch.nn.Module, classes: tuple[type, ...], fraction: float = 1.0) -> int:
+    """Recompute transformer blocks in backward (non-reentrant checkpoint wrappers): every one, or the share
+    ``fraction`` of them, spread evenly (selective activation checkpointing by layer, as torchtitan's
+    ``selective_ac_option``). Returns the number of blocks wrapped."""
     from functools import partial
 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -71,11 +79,14 @@ def apply_activation_checkpointing(model: torch.nn.Module, classes: tuple[type, 
         apply_activation_checkpointing as wrap,
     )
 
+    blocks = [m for m in model.modules() if isinstance(m, classes)]
+    chosen = {id(blocks[i]) for i in recomputed_blocks(len(blocks), fraction)} if blocks else set()
     wrap(
         model,
         checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-        check_fn=lambda module: isinstance(module, classes),
+        check_fn=lambda module: id(module) in chosen,
     )
+    return len(chosen)
 
 
 def shard(model: Any, run: Any, options: FsdpOptions, build_optimizer: Any, build_lr_scheduler: Any) -> FsdpEngine:
@@ -86,7 +97,7 @@ def shard(model: Any, run: Any, options: FsdpOptions, build_optimizer: Any, buil
         from ktrain_fsdp.fsdp2 import apply_fsdp2
 
         if options.activation_checkpointing:
-            apply_activation_checkpointing(model, classes)
+            apply_activation_checkpointing(model, classes, options.activation_checkpointing_fraction)
         apply_fsdp2(model, run, options, mesh, classes)
         module = model
     else:

@@ -1,0 +1,46 @@
+"""Selective activation checkpointing by block (``activation_checkpointing_fraction``): the chosen blocks,
+spread evenly, run their forward a second time in backward, the others once; the gradients are those of
+the model without checkpointing, exactly (fp32 on CPU: recomputation repeats the same operations)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from ktrain_fsdp.sharding import apply_activation_checkpointing, recomputed_blocks
+from tests.kit import model_dir
+
+SPREADS = [
+    (4, 1.0, [0, 1, 2, 3]),
+    (4, 0.5, [1, 3]),
+    (16, 0.75, [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15]),
+    (4, 0.1, [3]),  # at least one block
+]
+
+
+@pytest.mark.parametrize(("count", "fraction", "chosen"), SPREADS)
+def test_the_recomputed_blocks_are_spread_evenly(count: int, fraction: float, chosen: list[int]) -> None:
+    assert recomputed_blocks(count, fraction) == chosen
+
+
+def test_half_the_blocks_recompute_and_the_gradients_do_not_change(tmp_path: Path) -> None:
+    config = transformers.AutoConfig.from_pretrained(model_dir(tmp_path, num_hidden_layers=4))
+    torch.manual_seed(0)
+    plain = transformers.AutoModelForCausalLM.from_config(config)
+    selective = copy.deepcopy(plain)
+    block = type(plain.model.layers[0])
+    assert apply_activation_checkpointing(selective, (block,), 0.5) == 2
+    calls = [0] * 4
+    for i, layer in enumerate(selective.model.layers):  # the block inside its checkpoint wrapper, if any
+        inner = getattr(layer, "_checkpoint_wrapped_module", layer)
+        inner.register_forward_pre_hook(lambda module, args, i=i: calls.__setitem__(i, calls[i] + 1))
+    ids = torch.randint(0, config.vocab_size, (2, 24))
+    for model in (plain, selective):
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert calls == [1, 2, 1, 2]  # blocks 1 and 3 ran again in backward
+    for (name, a), (_, b) in zip(plain.named_parameters(), selective.named_parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad), name
