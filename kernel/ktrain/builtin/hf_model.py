@@ -9,6 +9,7 @@ installed.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import warnings
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,32 @@ def attention_implementation(config: Any) -> str:
         )
         return "sdpa"
     return wanted
+
+
+def enable_gradient_checkpointing(model: Any, config: Any) -> None:
+    """Recompute the model's blocks in backward as ``gradient_checkpointing`` asks (nothing when false).
+
+    ``offload`` also keeps each block's saved input in pinned host memory until backward
+    (transformers' ``activation_checkpointing_enable(offload=True)``); a transformers without that option
+    recomputes without offload, and says so. Without a GPU the activations are in host memory already:
+    ``offload`` is ``true`` there (transformers' offload would ask for pinned memory, which needs one).
+    """
+    if not config.gradient_checkpointing:
+        return
+    kwargs = config.gradient_checkpointing_kwargs or {"use_reentrant": False}
+    offload = config.gradient_checkpointing == "offload" and torch.cuda.is_available()
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None and "offload" in inspect.signature(enable).parameters:
+        enable(activation_checkpointing_kwargs=kwargs, offload=offload)
+        return
+    if offload:
+        warnings.warn(
+            "gradient_checkpointing: offload needs a transformers whose activation_checkpointing_enable takes "
+            f"offload (5.24 does; this is {transformers.__version__}): the blocks are recomputed, their inputs "
+            "stay on the device",
+            stacklevel=1,
+        )
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 class HFModel:
@@ -99,10 +126,7 @@ class HFModel:
                     "with the network (or the hub cache) available.",
                 ) from None
         model.config.use_cache = False
-        if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False}
-            )
+        enable_gradient_checkpointing(model, cfg)
         return model
 
     @hookimpl(trylast=True)

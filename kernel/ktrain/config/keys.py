@@ -58,8 +58,12 @@ class ModelKeys:
     flash_attention: bool | None = key(None, "older spelling of attn_implementation: flash_attention_2")
     sdp_attention: bool | None = key(None, "older spelling of attn_implementation: sdpa")
     flex_attention: bool | None = key(None, "older spelling of attn_implementation: flex_attention")
-    gradient_checkpointing: bool | Literal["offload"] = key(False, "recompute activations in backward")
-    gradient_checkpointing_kwargs: dict[str, Any] | None = key(None, "passed to gradient_checkpointing_enable")
+    gradient_checkpointing: bool | Literal["offload"] = key(
+        False, "recompute activations in backward; offload: also hold each block's saved input in host memory (GPU)"
+    )
+    gradient_checkpointing_kwargs: dict[str, Any] | None = key(
+        None, "keyword arguments of torch.utils.checkpoint (default use_reentrant: false)"
+    )
 
 
 @attrs.define(kw_only=True)

@@ -38,7 +38,7 @@ class RamEfficientLoader:
         import torch
         import transformers
 
-        from ktrain.builtin.hf_model import attention_implementation
+        from ktrain.builtin.hf_model import attention_implementation, enable_gradient_checkpointing
 
         cfg = self.config
         auto = getattr(transformers, cfg.model_type or "AutoModelForCausalLM")
@@ -49,8 +49,5 @@ class RamEfficientLoader:
         with torch.device("meta"):
             model = auto.from_config(model_config, trust_remote_code=cfg.trust_remote_code, **kwargs)
         model.config.use_cache = False
-        if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs or {"use_reentrant": False}
-            )
+        enable_gradient_checkpointing(model, cfg)
         return model
