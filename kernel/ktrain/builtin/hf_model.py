@@ -50,6 +50,28 @@ def attention_implementation(config: Any) -> str:
     return wanted
 
 
+def add_tokens(tokenizer: Any, config: Any) -> None:
+    """Set ``special_tokens`` on ``tokenizer`` and add ``tokens`` to it (each only where new).
+
+    A ``model_loader`` plugin that loads its own tokenizer calls this, and ``fit_embeddings`` on its model.
+    """
+    if config.special_tokens:
+        tokenizer.add_special_tokens(dict(config.special_tokens))
+    if config.tokens:
+        tokenizer.add_tokens(list(config.tokens))
+
+
+def fit_embeddings(model: Any, vocab: int) -> None:
+    """Grow the model's input and output embeddings to ``vocab`` rows when the tokenizer outgrew them.
+
+    New rows start at the mean of the old ones (transformers' ``mean_resizing``), or at the model's own
+    initialisation on the meta device, where the weights arrive later from rank 0.
+    """
+    if vocab > model.get_input_embeddings().num_embeddings:
+        on_meta = model.get_input_embeddings().weight.is_meta
+        model.resize_token_embeddings(vocab, mean_resizing=not on_meta)
+
+
 def enable_gradient_checkpointing(model: Any, config: Any) -> None:
     """Recompute the model's blocks in backward as ``gradient_checkpointing`` asks (nothing when false).
 
@@ -91,6 +113,7 @@ class HFModel:
         except OSError as e:
             key = "tokenizer_config" if cfg.tokenizer_config else "base_model"
             raise ConfigError.single(key, f"cannot load a tokenizer from {source}: {e}") from None
+        add_tokens(tokenizer, cfg)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         return tokenizer
@@ -126,6 +149,8 @@ class HFModel:
                     "with the network (or the hub cache) available.",
                 ) from None
         model.config.use_cache = False
+        if cfg.special_tokens or cfg.tokens:
+            fit_embeddings(model, len(run.tokenizer or self.ktrain_load_tokenizer(run=run)))
         enable_gradient_checkpointing(model, cfg)
         return model
 

@@ -49,6 +49,10 @@ def ktrain_register_checkpoint_formats(register) -> None:
     register("ktrain-full", lazy("ktrain.builtin.local_checkpoint:read_state_dict"))
 
 
+SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
+"""The names ``special_tokens`` takes: the special tokens every transformers tokenizer has."""
+
+
 @hookimpl
 def ktrain_validate_config(config: Any, report: Any) -> None:
     """The kernel's checks between keys; each message says what to do."""
@@ -60,6 +64,10 @@ def ktrain_validate_config(config: Any, report: Any) -> None:
         report.error("bf16", "bf16 and fp16 are both true; choose one")
     if config.gradient_checkpointing_kwargs and not config.gradient_checkpointing:
         report.warn("gradient_checkpointing_kwargs", "has no effect while gradient_checkpointing is false")
+    for name in sorted(set(config.special_tokens or {}) - set(SPECIAL_TOKENS)):
+        report.error(
+            f"special_tokens.{name}", f"is no special token of a tokenizer; one of {', '.join(SPECIAL_TOKENS)}"
+        )
 
 
 def _check_batch(config: Any, report: Any) -> None:

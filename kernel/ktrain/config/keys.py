@@ -84,6 +84,10 @@ class DataKeys:
     )
     eval_sample_packing: bool | None = key(None, "pack the evaluation rows too (default: as sample_packing)")
     train_on_inputs: bool = key(False, "put labels on prompt tokens as well")
+    special_tokens: dict[str, str] | None = key(
+        None, "the tokenizer's special tokens to set (bos_token, eos_token, pad_token, ...), added when new"
+    )
+    tokens: list[str] | None = key(None, "tokens to add to the vocabulary; the model's embeddings grow to match")
     chat_template: str | None = key(
         None, "chat datasets' template: tokenizer_default, chatml, qwen, llama3, gemma, phi_3, or jinja"
     )

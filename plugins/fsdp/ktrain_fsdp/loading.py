@@ -38,7 +38,7 @@ class RamEfficientLoader:
         import torch
         import transformers
 
-        from ktrain.builtin.hf_model import attention_implementation, enable_gradient_checkpointing
+        from ktrain.builtin.hf_model import attention_implementation, enable_gradient_checkpointing, fit_embeddings
 
         cfg = self.config
         auto = getattr(transformers, cfg.model_type or "AutoModelForCausalLM")
@@ -49,5 +49,7 @@ class RamEfficientLoader:
         with torch.device("meta"):
             model = auto.from_config(model_config, trust_remote_code=cfg.trust_remote_code, **kwargs)
         model.config.use_cache = False
+        if cfg.special_tokens or cfg.tokens:
+            fit_embeddings(model, len(run.tokenizer or self.ktrain_load_tokenizer(run=run)))
         enable_gradient_checkpointing(model, cfg)
         return model

@@ -120,6 +120,18 @@ def ktrain_validate_config(config: Any, report: Any) -> None:
     _check_adapter_dir(config, report)
     _check_quantization(config, report)
     _check_sharding(config, report)
+    _check_new_tokens(config, report)
+
+
+def _check_new_tokens(config: Any, report: Any) -> None:
+    """New tokens get new embedding rows, which the frozen base keeps at their first values unless trained."""
+    saved = set(config.lora_modules_to_save or ())
+    if config.tokens and not {"embed_tokens", "lm_head"} <= saved:
+        report.error(
+            "tokens",
+            "adds tokens whose new embedding rows an adapter does not train; add lora_modules_to_save: "
+            "[embed_tokens, lm_head] (or train without new tokens)",
+        )
 
 
 def _check_without_adapter(config: Any, report: Any) -> None:

@@ -87,3 +87,10 @@ def test_a_wrong_target_module_stops_before_training_naming_the_key(tmp_path: Pa
     assert "lora_target_modules: Target modules {'q_prj'} not found" in done.stderr
     assert "q_proj" in done.stderr  # the modules the model has
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_new_tokens_under_an_adapter_need_trained_embeddings(check) -> None:
+    code, out = check(adapter="lora", tokens=["<|tool|>"])
+    assert code == 2 and "tokens: adds tokens whose new embedding rows an adapter does not train" in out
+    code, out = check(adapter="lora", tokens=["<|tool|>"], lora_modules_to_save=["embed_tokens", "lm_head"])
+    assert code == 0, out
