@@ -23,5 +23,5 @@ if [ -n "${QLORA_PEER:-}" ]; then  # issue 7's peer (HF + peft + bitsandbytes) o
     --json "$OUT/b/qlora_peer.json" 2>&1 | tail -3
 fi
 if [ -n "${GPU_TESTS:-}" ]; then
-  timeout 150 python -m pytest -q -rs -p no:cacheprovider -m gpu tests/test_bench.py plugins/liger/tests > "$OUT/b/gpu_tests.txt" 2>&1; tail -15 "$OUT/b/gpu_tests.txt"
+  timeout 150 python -m pytest -q -rs -p no:cacheprovider -m gpu tests plugins > "$OUT/b/gpu_tests.txt" 2>&1; tail -15 "$OUT/b/gpu_tests.txt"
 fi
