@@ -30,6 +30,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -225,7 +226,9 @@ def _time_ktrain(
     trainer: BenchTrainer, data: TrainData, warmup: int, steps: int, profile_to: Path | None = None
 ) -> tuple[Timed, dict[str, Any]]:
     """Build the ktrain side and time it; return the timing and the terms of its FLOPs a token."""
+    start = time.perf_counter()
     trainer.build(data, warmup + steps + (3 if profile_to else 0))
+    print(f"ktrain side built in {time.perf_counter() - start:.1f} s (loaded, wrapped, sharded)", flush=True)
     timed = run_steps(lambda i: trainer.bench_step(i, data), warmup, steps, trainer.timeline)
     if profile_to is not None:
         _profile(trainer, data, warmup + steps, profile_to)
@@ -233,6 +236,7 @@ def _time_ktrain(
     model_config = getattr(model, "config", None)
     terms = {
         "non_embedding_params": non_embedding_params(model),
+        "frozen_params": non_embedding_params(model, frozen=True),
         "layers": getattr(model_config, "num_hidden_layers", 0),
         "hidden": getattr(model_config, "hidden_size", 0),
         "sequence_len": trainer.config.sequence_len,
@@ -303,6 +307,7 @@ def describe_report(report: dict[str, Any]) -> str:
     f = report["formula"]
     tokens = report["micro_batch_size"] * report["sequence_len"] * report["gradient_accumulation_steps"]
     peak = f"{report['peak_tflops']:g} TFLOP/s" if report["peak_tflops"] else None
+    frozen = f" - 2 x {f['frozen_params']:,} of them frozen (no weight gradient)" if f["frozen_params"] else ""
     lines = [
         f"ktrain bench {report['config']} on {report['device']} (ktrain {report['versions']['ktrain']}, "
         f"torch {report['versions']['torch']}, transformers {report['versions']['transformers']})",
@@ -311,7 +316,7 @@ def describe_report(report: dict[str, Any]) -> str:
         f"x accumulation {report['gradient_accumulation_steps']} = {tokens:,} tokens a step; "
         f"{report['warmup_steps']} warm-up + {report['timed_steps']} timed steps",
         f"MFU = tokens/s x FLOPs a token / peak; FLOPs a token = 6 x {f['non_embedding_params']:,} parameters "
-        f"outside the embeddings + 12 x {f['layers']} layers x {f['hidden']} hidden x {f['sequence_len']} sequence "
+        f"outside the embeddings{frozen} + 12 x {f['layers']} layers x {f['hidden']} hidden x {f['sequence_len']} sequence "
         f"= {f['flops_per_token']:.4g}; peak " + (peak or "unknown for this device: no MFU (set KTRAIN_PEAK_TFLOPS)"),
         "",
         f"{'':44} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} {'step ms':>9} {'data ms':>8} {'fwd+bwd ms':>10} "

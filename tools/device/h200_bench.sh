@@ -14,14 +14,14 @@ mkdir -p "$OUT/b"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
 } > "$OUT/b/env.txt" 2>&1
-for c in ${CONFIGS:-llama_1p5b llama_1p5b_fsdp2_liger llama_1p5b_fsdp2_liger_ac}; do
-  timeout ${BENCH_TIMEOUT:-200} ktrain bench "configs/bench/$c.yaml" ${PEER---peer hf} ${BENCH_ARGS:-} --json "$OUT/b/$c.json" > "$OUT/b/$c.txt" 2>&1
-  tail -25 "$OUT/b/$c.txt"
-done
 if [ -n "${QLORA_PEER:-}" ]; then  # issue 7's peer (HF + peft + bitsandbytes) on a bench config, same call
   timeout ${BENCH_TIMEOUT:-200} python plugins/lora/benchmarks/qlora_peer.py "configs/bench/$QLORA_PEER.yaml" \
-    --json "$OUT/b/qlora_peer.json" 2>&1 | tail -3
+    --json "$OUT/b/qlora_peer.json" > "$OUT/b/qlora_peer.txt" 2>&1; rc=$?; echo "$(date +%T) qlora peer rc=$rc"; tr "\r" "\n" < "$OUT/b/qlora_peer.txt" | grep -v "Loading weights" | tail -3
 fi
+for c in ${CONFIGS:-llama_1p5b llama_1p5b_fsdp2_liger llama_1p5b_fsdp2_liger_ac}; do
+  timeout ${BENCH_TIMEOUT:-200} ktrain bench "configs/bench/$c.yaml" ${PEER---peer hf} ${BENCH_ARGS:-} --json "$OUT/b/$c.json" > "$OUT/b/$c.txt" 2>&1
+  rc=$?; echo "$(date +%T) $c rc=$rc"; tr '\r' '\n' < "$OUT/b/$c.txt" | grep -v "Loading weights" | tail -12
+done
 if [ -n "${GPU_TESTS:-}" ]; then
   timeout 150 python -m pytest -q -rs -p no:cacheprovider -m gpu tests plugins > "$OUT/b/gpu_tests.txt" 2>&1; tail -15 "$OUT/b/gpu_tests.txt"
 fi

@@ -129,9 +129,14 @@ class HFModel:
             )
             quantization = kwargs.pop("quantization_config", None)
             model = auto.from_config(model_config, trust_remote_code=cfg.trust_remote_code, **kwargs)
-            if quantization is not None:  # quantized as from_pretrained quantizes weights read from disk
+            if quantization is not None:  # quantized on the device, as from_pretrained quantizes weights read from disk
                 model = type(model).from_pretrained(
-                    None, config=model.config, state_dict=model.state_dict(), quantization_config=quantization, **kwargs
+                    None,
+                    config=model.config,
+                    state_dict=model.state_dict(),
+                    quantization_config=quantization,
+                    device_map={"": run.device},
+                    **kwargs,
                 )
         else:
             local = Path(cfg.base_model)

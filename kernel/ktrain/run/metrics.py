@@ -42,18 +42,28 @@ def _numel(p: torch.Tensor) -> int:
     return math.prod(shape) if shape is not None else p.numel()
 
 
-def non_embedding_params(model: Any) -> int:
-    """Parameters outside the input embeddings (``nn.Embedding``); an untied output layer counts."""
-    embed = sum(_numel(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding))
-    return sum(_numel(p) for p in model.parameters()) - embed
+def non_embedding_params(model: Any, frozen: bool = False) -> int:
+    """Parameters outside the input embeddings (``nn.Embedding``); an untied output layer counts.
+
+    ``frozen``: count only those that get no gradient (the base of an adapter run).
+    """
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    return sum(
+        _numel(p) for p in model.parameters() if id(p) not in embeddings and not (frozen and p.requires_grad)
+    )
 
 
 def flops_per_token(model: Any, seq_len: int) -> float:
-    """Training FLOPs per token of a decoder model (forward and backward)."""
+    """Training FLOPs per token of a decoder model (forward and backward).
+
+    A trained weight costs 6 FLOPs a token (forward, input gradient, weight gradient), a frozen one 4
+    (no weight gradient); attention adds 12 x layers x hidden x sequence. Recomputation is not counted.
+    """
     cfg = getattr(model, "config", None)
     layers = getattr(cfg, "num_hidden_layers", 0) or 0
     hidden = getattr(cfg, "hidden_size", 0) or 0
-    return 6.0 * non_embedding_params(model) + 12.0 * layers * hidden * seq_len
+    weights = 6.0 * non_embedding_params(model) - 2.0 * non_embedding_params(model, frozen=True)
+    return weights + 12.0 * layers * hidden * seq_len
 
 
 def peak_memory_gib(device: torch.device) -> float:

@@ -64,7 +64,9 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
     model = build(config, device)
+    print(f"qlora peer built in {time.perf_counter() - start:.1f} s", flush=True)
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config["learning_rate"])
     rows, length = config["micro_batch_size"], config["sequence_len"]

@@ -54,9 +54,14 @@ def bnb_config(config: Any, compute_dtype: torch.dtype) -> transformers.BitsAndB
 
 
 def model_kwargs(config: Any, compute_dtype: torch.dtype) -> dict[str, Any] | None:
-    """``from_pretrained`` keywords of the base: ``quantization_config``, or None for a full-precision base."""
+    """``from_pretrained`` keywords of a quantized base, or None for a full-precision base.
+
+    ``quantization_config``, and ``dtype``: the compute dtype for the parts bitsandbytes leaves
+    unquantized (embeddings, norms, the output layer). They are frozen, so they need no fp32 master
+    copy; the adapter's own weights are made fp32 when it is attached.
+    """
     quantization = bnb_config(config, compute_dtype)
-    return None if quantization is None else {"quantization_config": quantization}
+    return None if quantization is None else {"quantization_config": quantization, "dtype": compute_dtype}
 
 
 def keep_training_layout(model: torch.nn.Module) -> int:
