@@ -316,7 +316,8 @@ def describe_report(report: dict[str, Any]) -> str:
         f"x accumulation {report['gradient_accumulation_steps']} = {tokens:,} tokens a step; "
         f"{report['warmup_steps']} warm-up + {report['timed_steps']} timed steps",
         f"MFU = tokens/s x FLOPs a token / peak; FLOPs a token = 6 x {f['non_embedding_params']:,} parameters "
-        f"outside the embeddings{frozen} + 12 x {f['layers']} layers x {f['hidden']} hidden x {f['sequence_len']} sequence "
+        f"outside the embeddings{frozen} + 12 x {f['layers']} layers x {f['hidden']} hidden "
+        f"x {f['sequence_len']} sequence "
         f"= {f['flops_per_token']:.4g}; peak " + (peak or "unknown for this device: no MFU (set KTRAIN_PEAK_TFLOPS)"),
         "",
         f"{'':44} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} {'step ms':>9} {'data ms':>8} {'fwd+bwd ms':>10} "

@@ -123,21 +123,17 @@ class HFModel:
         cfg = self.config
         auto = getattr(transformers, cfg.model_type or "AutoModelForCausalLM")
         kwargs = {"attn_implementation": attention_implementation(cfg), "dtype": torch.float32, **model_kwargs}
+        quantization = kwargs.pop("quantization_config", None)
+        if quantization is not None:  # bitsandbytes quantizes each weight as it is placed: on the run's device
+            kwargs.update(quantization_config=quantization, device_map={"": run.device})
         if cfg.random_init_weights:
             model_config = transformers.AutoConfig.from_pretrained(
                 cfg.base_model_config or cfg.base_model, trust_remote_code=cfg.trust_remote_code
             )
-            quantization = kwargs.pop("quantization_config", None)
-            model = auto.from_config(model_config, trust_remote_code=cfg.trust_remote_code, **kwargs)
-            if quantization is not None:  # quantized on the device, as from_pretrained quantizes weights read from disk
-                model = type(model).from_pretrained(
-                    None,
-                    config=model.config,
-                    state_dict=model.state_dict(),
-                    quantization_config=quantization,
-                    device_map={"": run.device},
-                    **kwargs,
-                )
+            dense = {k: v for k, v in kwargs.items() if k not in ("quantization_config", "device_map")}
+            model = auto.from_config(model_config, trust_remote_code=cfg.trust_remote_code, **dense)
+            if quantization is not None:  # quantized as from_pretrained quantizes weights read from disk
+                model = type(model).from_pretrained(None, config=model.config, state_dict=model.state_dict(), **kwargs)
         else:
             local = Path(cfg.base_model)
             if local.is_dir() and not any((local / name).exists() for name in WEIGHT_FILES):

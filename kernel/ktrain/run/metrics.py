@@ -48,9 +48,7 @@ def non_embedding_params(model: Any, frozen: bool = False) -> int:
     ``frozen``: count only those that get no gradient (the base of an adapter run).
     """
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    return sum(
-        _numel(p) for p in model.parameters() if id(p) not in embeddings and not (frozen and p.requires_grad)
-    )
+    return sum(_numel(p) for p in model.parameters() if id(p) not in embeddings and not (frozen and p.requires_grad))
 
 
 def flops_per_token(model: Any, seq_len: int) -> float:

@@ -1,6 +1,6 @@
 """Issue 7's QLoRA peer: transformers + peft + bitsandbytes as a user writes them, timed like ``ktrain bench``.
 
-    python plugins/lora/benchmarks/qlora_peer.py CONFIG [--steps 6] [--warmup 2] [--json FILE]
+    python plugins/lora/benchmarks/qlora_peer.py CONFIG [--steps 6] [--warmup 2] [--json FILE] [--weights DIR]
 
 From a ktrain config (configs/bench/llama_8b_qlora.yaml) it reads the model (``base_model`` or
 ``base_model_config``, random weights), ``sequence_len``, ``micro_batch_size``,
@@ -25,26 +25,27 @@ import transformers
 import yaml
 
 
-def build(config: dict, device: torch.device) -> torch.nn.Module:
-    """The quantized model with its adapter, as the peer builds it."""
+def build(config: dict, device: torch.device, weights: Path | None = None) -> torch.nn.Module:
+    """The quantized model with its adapter, as the peer builds it; ``weights``: a model folder to load."""
     dtype = torch.bfloat16 if config.get("bf16") is True else torch.float32
-    shape = transformers.AutoConfig.from_pretrained(config.get("base_model_config") or config["base_model"])
-    shape.use_cache = False
-    torch.manual_seed(config.get("seed", 0))
-    dense = transformers.AutoModelForCausalLM.from_config(shape, dtype=dtype, attn_implementation="sdpa")
     quantization = transformers.BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype
     )
-    model = type(dense).from_pretrained(
-        None,
-        config=shape,
-        state_dict=dense.state_dict(),
-        quantization_config=quantization,
-        dtype=dtype,
-        attn_implementation="sdpa",
-        device_map={"": device},
-    )
-    del dense
+    load = {
+        "quantization_config": quantization,
+        "dtype": dtype,
+        "attn_implementation": "sdpa",
+        "device_map": {"": device},
+    }
+    if weights is not None:
+        model = transformers.AutoModelForCausalLM.from_pretrained(weights, **load)
+    else:
+        shape = transformers.AutoConfig.from_pretrained(config.get("base_model_config") or config["base_model"])
+        torch.manual_seed(config.get("seed", 0))
+        dense = transformers.AutoModelForCausalLM.from_config(shape, dtype=dtype, attn_implementation="sdpa")
+        model = type(dense).from_pretrained(None, config=shape, state_dict=dense.state_dict(), **load)
+        del dense
+    model.config.use_cache = False
     checkpointing = bool(config.get("gradient_checkpointing"))
     model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing)
     lora = peft.LoraConfig(
@@ -59,13 +60,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--weights", type=Path, help="load this model folder instead of random weights")
     args = parser.parse_args()
     config = yaml.safe_load(args.config.read_text(encoding="utf-8"))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    model = build(config, device)
+    model = build(config, device, args.weights)
     print(f"qlora peer built in {time.perf_counter() - start:.1f} s", flush=True)
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config["learning_rate"])
