@@ -45,6 +45,9 @@ class FsdpConfig:
     activation_checkpointing_fraction: float | None = key(
         None, "FSDP2: the share of transformer blocks recomputed, spread evenly (default 1.0: every block)"
     )
+    activation_checkpointing_scope: Literal["block", "mlp"] | None = key(
+        None, "FSDP2: what is recomputed in each chosen block: the whole block (default) or only its MLP"
+    )
     # FSDP1 (fsdp_version: 1)
     fsdp_sharding_strategy: SHARDING_STRATEGIES | None = key(None, "FSDP1: what is sharded (default FULL_SHARD)")
     fsdp_offload_params: bool | None = key(None, "FSDP1 spelling of offload_params")

@@ -14,7 +14,8 @@ import attrs
 from ktrain_fsdp.keys import LIST_FORM_ITEMS, FsdpConfig
 from ktrain_fsdp.migration import RENAMED, RESHARD, change_of, is_fsdp1_key, list_form, yaml_value
 
-FSDP2_NAMES = (*RENAMED.values(), "reshard_after_forward", "activation_checkpointing_fraction")
+AC_CHOICES = ("activation_checkpointing_fraction", "activation_checkpointing_scope")
+FSDP2_NAMES = (*RENAMED.values(), "reshard_after_forward", *AC_CHOICES)
 
 
 @attrs.frozen
@@ -32,6 +33,7 @@ class FsdpOptions:
     state_dict_type: str = "SHARDED_STATE_DICT"
     activation_checkpointing: bool = False
     activation_checkpointing_fraction: float = 1.0
+    activation_checkpointing_scope: str = "block"
     backward_prefetch: str = "BACKWARD_PRE"
     forward_prefetch: bool = False
     use_orig_params: bool = True
@@ -105,8 +107,8 @@ def _fsdp2(config: Any, keys: dict[str, Any], paths: dict[str, str], report: Any
 def _fsdp1(config: Any, keys: dict[str, Any], paths: dict[str, str], report: Any) -> dict[str, Any]:
     """FSDP1 settings under their FSDP2 names; FSDP2 spellings are errors here."""
     for name in FSDP2_NAMES:
-        if name == "activation_checkpointing_fraction" and name in keys:
-            report.error(paths[name], "is FSDP2 only (FSDP1 recomputes every block); set fsdp_version: 2")
+        if name in AC_CHOICES and name in keys:
+            report.error(paths[name], "is FSDP2 only (FSDP1 recomputes every block whole); set fsdp_version: 2")
         elif name in keys:
             fsdp1 = "fsdp_sharding_strategy" if name == "reshard_after_forward" else f"fsdp_{name}"
             report.error(
@@ -217,11 +219,12 @@ def _check_common(config: Any, options: FsdpOptions, keys: dict[str, Any], paths
     fraction = options.activation_checkpointing_fraction
     if "activation_checkpointing_fraction" in keys and not 0 < fraction <= 1:
         report.error(paths["activation_checkpointing_fraction"], f"must be above 0 and at most 1, not {fraction}")
-    elif "activation_checkpointing_fraction" in keys and not options.activation_checkpointing:
-        report.error(
-            paths["activation_checkpointing_fraction"],
-            "chooses which blocks activation_checkpointing recomputes; set fsdp_config.activation_checkpointing: true",
-        )
+    for name in AC_CHOICES:
+        if name in keys and not options.activation_checkpointing:
+            report.error(
+                paths[name],
+                "chooses what activation_checkpointing recomputes; set fsdp_config.activation_checkpointing: true",
+            )
     if options.activation_checkpointing and wrap != "TRANSFORMER_BASED_WRAP":
         report.error(
             _path(paths, "activation_checkpointing", "fsdp_activation_checkpointing"),

@@ -65,10 +65,14 @@ def recomputed_blocks(count: int, fraction: float) -> list[int]:
     return [i for i in range(count) if (i + 1) * chosen // count > i * chosen // count]
 
 
-def apply_activation_checkpointing(model: torch.nn.Module, classes: tuple[type, ...], fraction: float = 1.0) -> int:
+def apply_activation_checkpointing(
+    model: torch.nn.Module, classes: tuple[type, ...], fraction: float = 1.0, scope: str = "block"
+) -> int:
     """Recompute transformer blocks in backward (non-reentrant checkpoint wrappers): every one, or the share
     ``fraction`` of them, spread evenly (selective activation checkpointing by layer, as torchtitan's
-    ``selective_ac_option``). Returns the number of blocks wrapped."""
+    ``selective_ac_option``). ``scope`` ``"mlp"`` recomputes only each chosen block's ``mlp``, which holds
+    most of a block's saved activations, and not its attention (Megatron's ``recompute_modules: [mlp]``).
+    Returns the number of blocks chosen."""
     from functools import partial
 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -80,11 +84,20 @@ def apply_activation_checkpointing(model: torch.nn.Module, classes: tuple[type, 
     )
 
     blocks = [m for m in model.modules() if isinstance(m, classes)]
-    chosen = {id(blocks[i]) for i in recomputed_blocks(len(blocks), fraction)} if blocks else set()
+    chosen = [blocks[i] for i in recomputed_blocks(len(blocks), fraction)] if blocks else []
+    if scope == "mlp":
+        missing = sorted({type(b).__name__ for b in chosen if not isinstance(getattr(b, "mlp", None), torch.nn.Module)})
+        if missing:
+            raise ConfigError.single(
+                "fsdp_config.activation_checkpointing_scope",
+                f"mlp: {', '.join(missing)} has no `mlp` module; use block",
+            )
+        chosen = [b.mlp for b in chosen]
+    ids = {id(m) for m in chosen}
     wrap(
         model,
         checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-        check_fn=lambda module: id(module) in chosen,
+        check_fn=lambda module: id(module) in ids,
     )
     return len(chosen)
 
@@ -97,7 +110,9 @@ def shard(model: Any, run: Any, options: FsdpOptions, build_optimizer: Any, buil
         from ktrain_fsdp.fsdp2 import apply_fsdp2
 
         if options.activation_checkpointing:
-            apply_activation_checkpointing(model, classes, options.activation_checkpointing_fraction)
+            apply_activation_checkpointing(
+                model, classes, options.activation_checkpointing_fraction, options.activation_checkpointing_scope
+            )
         apply_fsdp2(model, run, options, mesh, classes)
         module = model
     else:

@@ -1,5 +1,6 @@
 """Selective activation checkpointing by block (``activation_checkpointing_fraction``): the chosen blocks,
-spread evenly, run their forward a second time in backward, the others once; the gradients are those of
+spread evenly, run their forward a second time in backward, the others once; with
+``activation_checkpointing_scope: mlp`` only the chosen blocks' MLPs run again. The gradients are those of
 the model without checkpointing, exactly (fp32 on CPU: recomputation repeats the same operations)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import pytest
 import torch
 import transformers
 
+from ktrain.config.report import ConfigError
 from ktrain_fsdp.sharding import apply_activation_checkpointing, recomputed_blocks
 from tests.kit import model_dir
 
@@ -44,3 +46,40 @@ def test_half_the_blocks_recompute_and_the_gradients_do_not_change(tmp_path: Pat
     assert calls == [1, 2, 1, 2]  # blocks 1 and 3 ran again in backward
     for (name, a), (_, b) in zip(plain.named_parameters(), selective.named_parameters(), strict=True):
         assert torch.equal(a.grad, b.grad), name
+
+
+def _counted(model: torch.nn.Module, part: str) -> list[int]:
+    """Forward calls of each block's ``part`` (``self_attn`` or ``mlp``), through any checkpoint wrapper."""
+    calls = [0] * len(model.model.layers)
+    for i, layer in enumerate(model.model.layers):
+        block = getattr(layer, "_checkpoint_wrapped_module", layer)
+        module = getattr(block, part)
+        inner = getattr(module, "_checkpoint_wrapped_module", module)
+        inner.register_forward_pre_hook(lambda module, args, i=i: calls.__setitem__(i, calls[i] + 1))
+    return calls
+
+
+def test_the_mlp_scope_recomputes_only_the_chosen_blocks_mlps(tmp_path: Path) -> None:
+    config = transformers.AutoConfig.from_pretrained(model_dir(tmp_path, num_hidden_layers=4))
+    torch.manual_seed(0)
+    plain = transformers.AutoModelForCausalLM.from_config(config)
+    selective = copy.deepcopy(plain)
+    assert apply_activation_checkpointing(selective, (type(plain.model.layers[0]),), 0.75, "mlp") == 3
+    mlp, attention = _counted(selective, "mlp"), _counted(selective, "self_attn")
+    ids = torch.randint(0, config.vocab_size, (2, 24))
+    for model in (plain, selective):
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert mlp == [1, 2, 2, 2] and attention == [1, 1, 1, 1]
+    for (name, a), (_, b) in zip(plain.named_parameters(), selective.named_parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad), name
+    assert selective.state_dict().keys() == plain.state_dict().keys()  # checkpoints keep the model's names
+
+
+def test_the_mlp_scope_names_the_key_for_a_block_without_an_mlp() -> None:
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ffn = torch.nn.Linear(2, 2)
+
+    with pytest.raises(ConfigError, match=r"activation_checkpointing_scope.*Block has no `mlp`"):
+        apply_activation_checkpointing(torch.nn.Sequential(Block(), Block()), (Block,), 1.0, "mlp")
