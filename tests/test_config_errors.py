@@ -140,6 +140,7 @@ CASES = [
     Case("warmup_both", BASE + "warmup_steps: 10\nwarmup_ratio: 0.1\n", ("warmup_ratio:", "not both")),
     Case("warmup_ratio_range", BASE + "warmup_ratio: 1.5\n", ("warmup_ratio:", "[0, 1)")),
     Case("bf16_and_fp16", BASE + "bf16: true\nfp16: true\n", ("bf16:", "fp16")),
+    Case("bfloat16_and_fp16", BASE + "bfloat16: true\nfp16: true\n", ("bfloat16:", "choose one")),
     Case("save_steps_and_per_epoch", BASE + "save_steps: 10\nsaves_per_epoch: 2\n", ("saves_per_epoch:", "not both")),
     Case(
         "flash_attention_vs_eager",

@@ -43,6 +43,20 @@ def test_loss_falls_and_export_loads(root: Path) -> None:
     assert answer.returncode == 0, answer.stderr
 
 
+def test_pure_bf16_keeps_weights_and_optimizer_states_in_bf16(root: Path) -> None:
+    """``bfloat16: true``: the checkpoint's weights and Adam states and the exported model are bf16, and it learns."""
+    config = write_config(root, bfloat16=True, max_steps=20, save_steps=20)
+    done = ktrain("run", str(config))
+    assert done.returncode == 0, done.stderr
+    losses = records(root / "out")
+    assert sum(losses[s] for s in (18, 19, 20)) / 3 < 0.7 * losses[1], losses
+    checkpoint = root / "out" / "checkpoints" / "step-00000020"
+    assert {t.dtype for t in load_file(checkpoint / "model.safetensors").values()} == {torch.bfloat16}
+    states = torch.load(checkpoint / "optimizer.pt", weights_only=True)["state"].values()
+    assert {s[k].dtype for s in states for k in ("exp_avg", "exp_avg_sq")} == {torch.bfloat16}
+    assert {t.dtype for t in load_file(root / "out" / "final" / "model.safetensors").values()} == {torch.bfloat16}
+
+
 def test_resume_is_exact(root: Path) -> None:
     """N steps, a checkpoint, the rest after a resume: the same losses and weights, to the bit, as one go."""
     keys = dict(max_steps=6, save_steps=3, gradient_accumulation_steps=2, warmup_steps=2, lr_scheduler="cosine")

@@ -1,9 +1,9 @@
 """Default owner of ``model_loader`` and ``export``: Hugging Face transformers models and tokenizers.
 
 A local folder or a hub id; with ``random_init_weights`` the model is built from its config with
-random weights (tests, benchmarks). Weights load in fp32 (the master copy); autocast computes in
-bf16/fp16. ``flash_attention_2`` falls back to PyTorch SDPA, with a warning, where flash-attn is not
-installed.
+random weights (tests, benchmarks). Weights load in fp32 (the master copy; bf16 under ``bfloat16``);
+autocast computes in bf16/fp16. ``flash_attention_2`` falls back to PyTorch SDPA, with a warning, where
+flash-attn is not installed.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import transformers
 
 from ktrain import hookimpl
 from ktrain.config.report import ConfigError
+from ktrain.run.context import weight_dtype
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -122,7 +123,7 @@ class HFModel:
     def ktrain_load_model(self, run: Any, model_kwargs: dict[str, Any]) -> Any:
         cfg = self.config
         auto = getattr(transformers, cfg.model_type or "AutoModelForCausalLM")
-        kwargs = {"attn_implementation": attention_implementation(cfg), "dtype": torch.float32, **model_kwargs}
+        kwargs = {"attn_implementation": attention_implementation(cfg), "dtype": weight_dtype(cfg), **model_kwargs}
         quantization = kwargs.pop("quantization_config", None)
         if quantization is not None:  # bitsandbytes quantizes each weight as it is placed: on the run's device
             kwargs.update(quantization_config=quantization, device_map={"": run.device})

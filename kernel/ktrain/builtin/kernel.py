@@ -62,6 +62,8 @@ def ktrain_validate_config(config: Any, report: Any) -> None:
     _check_data(config, report)
     if config.bf16 is True and config.fp16:
         report.error("bf16", "bf16 and fp16 are both true; choose one")
+    if config.bfloat16 and config.fp16:
+        report.error("bfloat16", "trains in bf16, and fp16 is true; choose one")
     if config.gradient_checkpointing_kwargs and not config.gradient_checkpointing:
         report.warn("gradient_checkpointing_kwargs", "has no effect while gradient_checkpointing is false")
     for name in sorted(set(config.special_tokens or {}) - set(SPECIAL_TOKENS)):

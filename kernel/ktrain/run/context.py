@@ -76,7 +76,9 @@ class Run:
 
 
 def compute_dtype(config: Any, device: torch.device) -> torch.dtype:
-    """bf16 / fp16 autocast, or fp32; ``bf16: auto`` means bf16 on a GPU that supports it."""
+    """bf16 / fp16 autocast, or fp32; ``bf16: auto`` means bf16 on a GPU that supports it; ``bfloat16``: bf16."""
+    if config.bfloat16:
+        return torch.bfloat16
     if config.bf16 == "auto":
         return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
     if config.bf16:
@@ -84,3 +86,8 @@ def compute_dtype(config: Any, device: torch.device) -> torch.dtype:
     if config.fp16:
         return torch.float16
     return torch.float32
+
+
+def weight_dtype(config: Any) -> torch.dtype:
+    """The dtype the model's weights load in: fp32 master weights, or bf16 under ``bfloat16: true``."""
+    return torch.bfloat16 if config.bfloat16 else torch.float32

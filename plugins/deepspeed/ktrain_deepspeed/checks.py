@@ -29,6 +29,12 @@ def check(source: Source, config: Any, report: Any) -> None:
         report.error(f"deepspeed.{path}", message)
     _check_mesh(config, report)
     _check_optimizer(settings, config, origin, report)
+    if config.bfloat16:
+        report.error(
+            "bfloat16",
+            "pure bf16 weights are not ktrain's under deepspeed: DeepSpeed's bf16 keeps fp32 master weights of "
+            "its own; write bf16: true instead (or drop deepspeed for pure bf16)",
+        )
     legacy = zero.legacy_compile(settings)
     if legacy is not None:
         what = (

@@ -187,6 +187,9 @@ def test_keys_that_do_not_fit_deepspeed(config, tmp_path, capsys) -> None:
         '"zero_force_ds_cpu_optimizer": false in the JSON to step sgd on the CPU'
     ]
 
+    code, problems, _ = check(capsys, config(deepspeed="zero2", bfloat16=True))
+    assert code == 2 and problems[0].startswith("bfloat16: pure bf16 weights are not ktrain's under deepspeed")
+
     stage0 = write_json(tmp_path / "stage0.json", {"bf16": {"enabled": "auto"}})
     code, problems, _ = check(capsys, config(deepspeed=str(stage0)))
     assert code == 2 and problems[0].startswith("deepspeed.zero_optimization.stage: ") and "1, 2 or 3" in problems[0]

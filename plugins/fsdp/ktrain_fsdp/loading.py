@@ -39,13 +39,14 @@ class RamEfficientLoader:
         import transformers
 
         from ktrain.builtin.hf_model import attention_implementation, enable_gradient_checkpointing, fit_embeddings
+        from ktrain.run.context import weight_dtype
 
         cfg = self.config
         auto = getattr(transformers, cfg.model_type or "AutoModelForCausalLM")
         model_config = transformers.AutoConfig.from_pretrained(
             cfg.base_model_config or cfg.base_model, trust_remote_code=cfg.trust_remote_code
         )
-        kwargs = {"attn_implementation": attention_implementation(cfg), "dtype": torch.float32, **model_kwargs}
+        kwargs = {"attn_implementation": attention_implementation(cfg), "dtype": weight_dtype(cfg), **model_kwargs}
         with torch.device("meta"):
             model = auto.from_config(model_config, trust_remote_code=cfg.trust_remote_code, **kwargs)
         model.config.use_cache = False
