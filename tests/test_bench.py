@@ -7,6 +7,7 @@ model's shape.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -160,6 +161,17 @@ def test_bench_peer_with_bf16_weights(tmp_path: Path) -> None:
     assert report["ktrain"]["first_loss"] == pytest.approx(report["peer"]["first_loss"], rel=0.02)
     table = profile.read_text()  # --profile: the ktrain side's ops over 3 more steps, most time first
     assert "Self CPU" in table and "aten::mm" in table, table[:2000]
+    assert table.splitlines()[-1].startswith("3 steps: ") and "ms wall" in table.splitlines()[-1]
+
+
+def test_bench_profile_writes_a_chrome_trace(tmp_path: Path) -> None:
+    """``--profile FILE.json.gz``: the three profiled steps as a gzipped Chrome trace, with the model's ops."""
+    model_dir(tmp_path, vocab_size=100)
+    config = write_config(tmp_path, datasets=[], sequence_len=32)
+    trace = tmp_path / "steps.json.gz"
+    bench_json(tmp_path, str(config), "--steps", "1", "--warmup", "1", "--profile", str(trace))
+    names = {e.get("name") for e in json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]}
+    assert "aten::mm" in names
 
 
 def test_bench_counts_zero3_partitions_whole(tmp_path: Path) -> None:

@@ -104,7 +104,7 @@ def _configure_bench(p: argparse.ArgumentParser) -> None:
         "--profile",
         type=Path,
         metavar="FILE",
-        help="then profile 3 more steps: the top kernels by device time, to FILE",
+        help="then profile 3 more steps: the top kernels by device time, or a Chrome trace (FILE.json[.gz]), to FILE",
     )
 
 

@@ -53,11 +53,13 @@ class Engine:
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
-    def clip_grad_norm(self) -> float:
+    def clip_grad_norm(self) -> torch.Tensor | float:
         """Clip to ``max_grad_norm`` (when set) and return the global gradient norm before clipping.
 
-        Sharded gradients (DTensors) are grouped by mesh and placement, each group's norm made whole,
-        then combined: tensor-parallel and data-sharded parameters live on different meshes.
+        The norm may be a 0-d tensor on the device: ``step`` reads it only after the update is queued, so
+        the host does not wait for the device between clipping and the update. Sharded gradients
+        (DTensors) are grouped by mesh and placement, each group's norm made whole, then combined:
+        tensor-parallel and data-sharded parameters live on different meshes.
         """
         params = [p for p in self.model.parameters() if p.grad is not None]
         groups: dict[Any, list[torch.Tensor]] = {}
@@ -73,12 +75,12 @@ class Engine:
         total = torch.linalg.vector_norm(torch.stack([n.to(norms[0].device) for n in norms]))
         if self.max_grad_norm is not None:
             torch.nn.utils.clip_grads_with_norm_(params, self.max_grad_norm, total)
-        return float(total)
+        return total
 
     def step(self) -> float:
         """Finish the optimizer step: clip, update, advance the schedule, zero the gradients.
 
-        Returns the gradient norm before clipping.
+        Returns the gradient norm before clipping, read once the update is queued.
         """
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
@@ -90,7 +92,7 @@ class Engine:
             self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return norm
+        return float(norm)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state on CPU, on rank 0 at least (export calls it on every rank)."""

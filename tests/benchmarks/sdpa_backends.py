@@ -1,10 +1,14 @@
 """Forward + backward time of PyTorch SDPA's CUDA backends on the 1.5B benchmark's attention shape.
 
     python tests/benchmarks/sdpa_backends.py [--batch 4 --seq 4096 --heads 32 --kv-heads 8 --head-dim 64]
+                                             [--layout bhsd|bshd|bshd-copy]
 
 Causal, bf16, grouped-query K/V passed with ``enable_gqa`` as transformers' SDPA path passes them; each
 backend alone through ``torch.nn.attention.sdpa_kernel``; TFLOP/s counts 4·b·h·s²·d·(1 + 2.5)/2 (causal
-forward and backward). A backend that cannot take the shape says why.
+forward and backward; the output's gradient is random and contiguous). A backend that cannot take the
+shape says why. ``--layout bshd`` hands SDPA what a transformers attention layer hands it: q/k/v are
+transposed views of (batch, seq, heads, dim) projections, and the output is transposed back and made
+contiguous; ``bshd-copy`` makes q/k/v contiguous first.
 """
 
 from __future__ import annotations
@@ -20,10 +24,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, default in (("batch", 4), ("seq", 4096), ("heads", 32), ("kv-heads", 8), ("head-dim", 64)):
         parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--layout", choices=("bhsd", "bshd", "bshd-copy"), default="bhsd")
     a = parser.parse_args()
-    q = torch.randn(a.batch, a.heads, a.seq, a.head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(a.batch, a.kv_heads, a.seq, a.head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn_like(k, requires_grad=True)
+    bshd = a.layout != "bhsd"
+
+    def leaf(heads: int) -> torch.Tensor:
+        shape = (a.batch, a.seq, heads, a.head_dim) if bshd else (a.batch, heads, a.seq, a.head_dim)
+        t = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        return t.transpose(1, 2) if bshd else t
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> torch.Tensor:
+        if a.layout == "bshd-copy":
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return out.transpose(1, 2).contiguous() if bshd else out
+
+    q, k, v = leaf(a.heads), leaf(a.kv_heads), leaf(a.kv_heads)
+    grad = torch.randn_like(attend(q, k, v, True))  # a contiguous gradient of the output, as a model's is
     flops = 4 * a.batch * a.heads * a.seq**2 * a.head_dim * 3.5 / 2
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
         for gqa in (True, False):
@@ -35,18 +52,24 @@ def main() -> None:
             try:
                 with sdpa_kernel([backend]):
                     for _ in range(3):
-                        F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=gqa).sum().backward()
+                        attend(q, kk, vv, gqa).backward(grad)
                     torch.cuda.synchronize()
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                     for _ in range(10):
-                        F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=gqa).sum().backward()
+                        attend(q, kk, vv, gqa).backward(grad)
                     end.record()
                     torch.cuda.synchronize()
                 ms = start.elapsed_time(end) / 10
-                print(f"{backend.name:22s} gqa={gqa!s:5s} {ms:7.2f} ms  {flops / ms / 1e9:6.0f} TFLOP/s", flush=True)
+                print(
+                    f"{a.layout:9s} {backend.name:22s} gqa={gqa!s:5s} {ms:7.2f} ms  {flops / ms / 1e9:6.0f} TFLOP/s",
+                    flush=True,
+                )
             except RuntimeError as e:
-                print(f"{backend.name:22s} gqa={gqa!s:5s} cannot: {str(e).splitlines()[0][:120]}", flush=True)
+                print(
+                    f"{a.layout:9s} {backend.name:22s} gqa={gqa!s:5s} cannot: {str(e).splitlines()[0][:120]}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

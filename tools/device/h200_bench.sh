@@ -7,7 +7,7 @@
 # WHEELS (the folder of wheels, default .whl), CONFIGS (names under configs/bench/), PEER ("" for none), BENCH_ARGS, BENCH_TIMEOUT (s), QLORA_PEER (a
 # bench config name for plugins/lora/benchmarks/qlora_peer.py; it takes BENCH_ARGS too), RANDOM_WEIGHTS (a model
 # folder under configs/bench/ whose random weights every side then loads from disk: tools/device/random_weights.py)
-# and GPU_TESTS=1 choose what runs.
+# TAG (a suffix of the report names, to keep variants of one config apart) and GPU_TESTS=1 choose what runs.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
@@ -27,8 +27,8 @@ if [ -n "${QLORA_PEER:-}" ]; then  # issue 7's peer (HF + peft + bitsandbytes) o
     ${BENCH_ARGS:-} "${PEER_WEIGHTS[@]}" --json "$OUT/b/qlora_peer.json" > "$OUT/b/qlora_peer.txt" 2>&1; rc=$?; echo "$(date +%T) qlora peer rc=$rc"; tr "\r" "\n" < "$OUT/b/qlora_peer.txt" | grep -v "Loading weights" | tail -3
 fi
 for c in ${CONFIGS:-llama_1p5b llama_1p5b_fsdp2_liger llama_1p5b_fsdp2_liger_ac}; do
-  timeout ${BENCH_TIMEOUT:-200} ktrain bench "configs/bench/$c.yaml" ${PEER---peer hf} ${BENCH_ARGS:-} "${SIDE_ARGS[@]}" --json "$OUT/b/$c.json" > "$OUT/b/$c.txt" 2>&1
-  rc=$?; echo "$(date +%T) $c rc=$rc"; tr '\r' '\n' < "$OUT/b/$c.txt" | grep -v "Loading weights" | tail -12
+  timeout ${BENCH_TIMEOUT:-200} ktrain bench "configs/bench/$c.yaml" ${PEER---peer hf} ${BENCH_ARGS:-} "${SIDE_ARGS[@]}" --json "$OUT/b/$c${TAG:-}.json" > "$OUT/b/$c${TAG:-}.txt" 2>&1
+  rc=$?; echo "$(date +%T) $c${TAG:-} rc=$rc"; tr '\r' '\n' < "$OUT/b/$c${TAG:-}.txt" | grep -v "Loading weights" | tail -12
 done
 if [ -n "${GPU_TESTS:-}" ]; then
   timeout ${TESTS_TIMEOUT:-150} python -m pytest -q -rs -p no:cacheprovider --continue-on-collection-errors -m gpu tests plugins > "$OUT/b/gpu_tests.txt" 2>&1; tail -15 "$OUT/b/gpu_tests.txt"

@@ -145,7 +145,7 @@ class Trainer:
         input_tokens = sum(row_tokens(row) for rank in rows for micro in rank for row in micro)
         num_items = max(global_tokens, 1) / self.run.mesh.gradient_ranks
         mine = rows[self.dp_rank]
-        loss_sum = 0.0
+        summed = []  # the micro-batches' losses stay on the device until the step's last backward is queued
         for k, micro in enumerate(mine):
             batch = self._to_device(micro, data.train_packed)
             with self.engine.accumulate(last=k == len(mine) - 1):
@@ -154,7 +154,8 @@ class Trainer:
                     loss = self.step_fn(batch, num_items)
                 maybe_fault("backward", step + 1, self.run.rank)
                 self.engine.backward(loss)
-            loss_sum += float(loss.detach()) * num_items
+            summed.append(loss.detach().double())
+        loss_sum = float(torch.stack(summed).sum()) * num_items
         maybe_fault("optimizer", step + 1, self.run.rank)
         if nonfinite.skipped(self.run, self.engine, step + 1, loss_sum):  # NaN/inf on a rank: stop, or all skip
             self.grad_norm = math.nan

@@ -24,11 +24,11 @@ class FsdpEngine(Engine):
         # FSDP1 on CPU crashes (SIGSEGV) gathering to rank 0 only: there every rank gathers the whole model.
         self.gather_to_rank0 = version == 2 or device.type != "cpu"
 
-    def clip_grad_norm(self) -> float:
+    def clip_grad_norm(self) -> torch.Tensor | float:
         """The global norm over every shard (FSDP1: its own ``clip_grad_norm_``; FSDP2: DTensor norms)."""
         if self.version == 1:
             limit = self.max_grad_norm if self.max_grad_norm is not None else math.inf
-            return float(self.module.clip_grad_norm_(limit))
+            return self.module.clip_grad_norm_(limit)
         return super().clip_grad_norm()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
