@@ -15,7 +15,7 @@ from ktrain.data import templates
 from ktrain.registry import lazy
 from ktrain.resolve import looks_local
 
-OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw", "sgd", "adafactor")
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_fp32_master", "adamw", "sgd", "adafactor")
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 FORMATS = ("chat_template", "sharegpt", "alpaca", "completion", "input_output")
 
@@ -64,6 +64,12 @@ def ktrain_validate_config(config: Any, report: Any) -> None:
         report.error("bf16", "bf16 and fp16 are both true; choose one")
     if config.bfloat16 and config.fp16:
         report.error("bfloat16", "trains in bf16, and fp16 is true; choose one")
+    if config.optimizer == "adamw_fp32_master" and not config.bfloat16:
+        report.error(
+            "optimizer",
+            "adamw_fp32_master keeps fp32 masters of bf16 weights; set bfloat16: true "
+            "(with fp32 weights, adamw_torch_fused is the same update)",
+        )
     if config.gradient_checkpointing_kwargs and not config.gradient_checkpointing:
         report.warn("gradient_checkpointing_kwargs", "has no effect while gradient_checkpointing is false")
     for name in sorted(set(config.special_tokens or {}) - set(SPECIAL_TOKENS)):

@@ -26,6 +26,13 @@ def adamw_torch_fused(params: Any, config: Any) -> torch.optim.Optimizer:
 adamw = adamw_torch
 
 
+def adamw_fp32_master(params: Any, config: Any) -> torch.optim.Optimizer:
+    """AdamW over fp32 master copies of bf16 weights (``bfloat16: true``): ``master_weights.MasterWeightAdamW``."""
+    from ktrain.builtin.master_weights import MasterWeightAdamW
+
+    return MasterWeightAdamW(params, **_adam_kwargs(config))
+
+
 def sgd(params: Any, config: Any) -> torch.optim.Optimizer:
     """Plain SGD at ``learning_rate`` with ``weight_decay``."""
     return torch.optim.SGD(params, lr=config.learning_rate)
