@@ -57,19 +57,45 @@ def test_pure_bf16_keeps_weights_and_optimizer_states_in_bf16(root: Path) -> Non
     assert {t.dtype for t in load_file(root / "out" / "final" / "model.safetensors").values()} == {torch.bfloat16}
 
 
+def _killed_after_step_4(root: Path, last_checkpoint: str) -> Path:
+    """Keep the finished run as ``one_go``; make ``out/`` look like that run killed after step 4: the last
+    checkpoint and the final model gone, the metrics of steps 1-4 only."""
+    one_go = root / "one_go"
+    shutil.copytree(root / "out", one_go)
+    shutil.rmtree(root / "out" / "checkpoints" / last_checkpoint)
+    shutil.rmtree(root / "out" / "final")
+    lines = (root / "out" / "metrics.jsonl").read_text().splitlines()
+    (root / "out" / "metrics.jsonl").write_text("\n".join(lines[:4]) + "\n")
+    return one_go
+
+
+def test_a_run_learns_keeps_fp32_masters_and_resumes_exactly(root: Path) -> None:
+    """bf16 weights in the checkpoint and export, fp32 masters and moments in the optimizer state; a run
+    resumed from step 4 ends with the same losses and bit-identical weights as one that ran through."""
+    config = write_config(root, bfloat16=True, optimizer="adamw_fp32_master", max_steps=8, save_steps=4)
+    whole = ktrain("run", str(config))
+    assert whole.returncode == 0, whole.stderr
+    losses = records(root / "out")
+    assert losses[8] < 0.8 * losses[1], losses
+    checkpoint = root / "out" / "checkpoints" / "step-00000004"
+    assert {t.dtype for t in load_file(checkpoint / "model.safetensors").values()} == {torch.bfloat16}
+    states = torch.load(checkpoint / "optimizer.pt", weights_only=True)["state"].values()
+    assert {s[k].dtype for s in states for k in ("master", "exp_avg", "exp_avg_sq")} == {torch.float32}
+    one_go = _killed_after_step_4(root, last_checkpoint="step-00000008")
+    resumed = ktrain("run", str(config), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert records(root / "out") == records(one_go)
+    final, again = (load_file(d / "final" / "model.safetensors") for d in (root / "out", one_go))
+    assert final.keys() == again.keys() and all(torch.equal(final[k], again[k]) for k in final)
+
+
 def test_resume_is_exact(root: Path) -> None:
     """N steps, a checkpoint, the rest after a resume: the same losses and weights, to the bit, as one go."""
     keys = dict(max_steps=6, save_steps=3, gradient_accumulation_steps=2, warmup_steps=2, lr_scheduler="cosine")
     config = write_config(root, **keys)
     whole = ktrain("run", str(config))
     assert whole.returncode == 0, whole.stderr
-    one_go = root / "one_go"
-    shutil.copytree(root / "out", one_go)
-    # Make out/ look like a run killed after step 4: step-3 committed, step 4 logged, nothing after.
-    shutil.rmtree(root / "out" / "checkpoints" / "step-00000006")
-    shutil.rmtree(root / "out" / "final")
-    lines = (root / "out" / "metrics.jsonl").read_text().splitlines()
-    (root / "out" / "metrics.jsonl").write_text("\n".join(lines[:4]) + "\n")
+    one_go = _killed_after_step_4(root, last_checkpoint="step-00000006")  # step-3 committed, step 4 logged
     resumed = ktrain("run", str(config), "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout
