@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from ktrain.builtin.master_weights import MasterWeightAdamW
@@ -19,10 +20,11 @@ def _pair(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return weight, torch.randn(64, 48).bfloat16()
 
 
-def test_the_update_is_fused_adamw_on_the_masters_rounded_into_the_weights() -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_update_is_fused_adamw_on_the_masters_rounded_into_the_weights(device: str) -> None:
     """Each step equals ``torch.optim.AdamW(fused=True)`` on fp32 copies fed the same gradients; the bf16
     weight is the fp32 result rounded. A small chunk size makes a step span several chunks."""
-    weights = [torch.nn.Parameter(_pair(s)[0]) for s in range(3)]
+    weights = [torch.nn.Parameter(_pair(s)[0].to(device)) for s in range(3)]
     fp32 = [torch.nn.Parameter(w.detach().float()) for w in weights]
     kwargs = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
     ours = MasterWeightAdamW([{"params": weights, "weight_decay": 0.1}], **kwargs)
@@ -30,7 +32,7 @@ def test_the_update_is_fused_adamw_on_the_masters_rounded_into_the_weights() -> 
     reference = torch.optim.AdamW(fp32, fused=True, **kwargs)
     for step in range(4):
         for i, (w, f) in enumerate(zip(weights, fp32, strict=True)):
-            w.grad = _pair(10 * step + i)[1]
+            w.grad = _pair(10 * step + i)[1].to(device)
             f.grad = w.grad.float()
         ours.step()
         reference.step()
