@@ -6,6 +6,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a DTensor's local shard (a view: updating it updates the DTensor)."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _chunks(params: list[torch.Tensor], elements: int) -> Iterator[list[torch.Tensor]]:
@@ -31,7 +37,8 @@ class MasterWeightAdamW(torch.optim.Optimizer):
     instead of being lost. A step walks the weights in chunks of ``CHUNK`` elements: the chunk's
     gradients are cast to fp32, ``torch._fused_adamw_`` updates its masters and moments (the kernel
     ``torch.optim.AdamW(fused=True)`` runs), and the masters are rounded into the bf16 weights. The
-    masters are optimizer state, so checkpoints hold them and a resume is exact.
+    masters are optimizer state, so checkpoints hold them and a resume is exact. Sharded weights
+    (FSDP2's DTensors) get sharded masters and moments; the update runs on the local shards.
     """
 
     CHUNK = 1 << 26  # fp32 gradient elements made at a time (256 MiB)
@@ -67,13 +74,13 @@ class MasterWeightAdamW(torch.optim.Optimizer):
             for chunk in _chunks([p for p in group["params"] if p.grad is not None], self.CHUNK):
                 states = [self._state(p) for p in chunk]
                 steps = [s["step"] for s in states]
-                masters = [s["master"] for s in states]
+                masters = [_local(s["master"]) for s in states]
                 torch._foreach_add_(steps, 1)
                 torch._fused_adamw_(
                     masters,
-                    [p.grad.float() for p in chunk],
-                    [s["exp_avg"] for s in states],
-                    [s["exp_avg_sq"] for s in states],
+                    [_local(p.grad).float() for p in chunk],
+                    [_local(s["exp_avg"]) for s in states],
+                    [_local(s["exp_avg_sq"]) for s in states],
                     [],
                     steps,
                     lr=group["lr"],
@@ -84,4 +91,4 @@ class MasterWeightAdamW(torch.optim.Optimizer):
                     amsgrad=False,
                     maximize=False,
                 )
-                torch._foreach_copy_(chunk, masters)
+                torch._foreach_copy_([_local(p) for p in chunk], masters)

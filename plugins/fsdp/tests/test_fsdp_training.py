@@ -93,6 +93,15 @@ def test_fsdp2_two_ranks_matches_one_process_resumes_exactly_and_exports(root: P
     resume_matches(root, run, 2)
 
 
+def test_fp32_master_optimizer_under_fsdp2_learns_and_resumes_exactly(root: Path) -> None:
+    """``bfloat16`` + ``optimizer: adamw_fp32_master`` at 2 ranks: the masters are sharded like the weights,
+    the DCP checkpoint holds them in fp32, and the resume from step 3 is bit-exact."""
+    run = train(root, "fsdp2-master", 2, fsdp_version=2, save_steps=3, bfloat16=True, optimizer="adamw_fp32_master")
+    losses = records(run)
+    assert losses[6] < losses[1], losses
+    resume_matches(root, run, 2)
+
+
 def test_fsdp2_four_ranks_matches_and_resumes_on_two(root: Path) -> None:
     """FSDP2 at 4 ranks: parity; its step-3 checkpoint resumed at 2 ranks (resharded) continues with the same losses."""
     run = train(root, "fsdp2x4", 4, fsdp_version=2, save_steps=3)
