@@ -10,6 +10,8 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -222,3 +224,25 @@ def test_bench_on_a_gpu_frees_the_peer_first(tmp_path: Path) -> None:
         assert all(seconds > 0 for seconds in side["split_s"].values())
     assert report["ktrain"]["held_before_gib"] < 0.1  # measured on the H200: 0.0625 (CUDA libraries' workspaces)
     assert report["ktrain"]["first_loss"] == pytest.approx(report["peer"]["first_loss"], rel=1e-2)
+
+
+def test_trace_summary_counts_busy_time_kinds_and_idle_gaps(tmp_path: Path) -> None:
+    """tools/device/trace_summary.py on a made-up trace: overlapping kernels count once, kinds by name,
+    a gap over 0.3 ms is listed with the kernel after it, and host events are left out."""
+    events = [
+        {"cat": "kernel", "name": "nvjet_sm90_gemm", "ts": 0, "dur": 1000},
+        {"cat": "kernel", "name": "cudnn_generated_sdpa_fprop", "ts": 500, "dur": 1000},  # overlaps the first
+        {"cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "ts": 2000, "dur": 100},
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},
+    ]
+    trace = tmp_path / "t.json.gz"
+    trace.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    tool = REPO / "tools" / "device" / "trace_summary.py"
+    out = subprocess.run([sys.executable, str(tool), str(trace), "--steps", "1"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "1 steps: span 2.1 ms, device busy 1.6 ms, 3 kernels"
+    assert "1.0 ms/step  matrix multiplies" in out.stdout and "1.0 ms/step  attention" in out.stdout
+    assert "0.1 ms/step  copies, casts and sets" in out.stdout
+    assert "idle gaps over 0.3 ms: 1, 0.5 ms in all (0.5 ms a step)" in out.stdout
+    assert "0.50 ms at 1.5 ms, before Memcpy HtoD" in out.stdout

@@ -41,6 +41,8 @@ def main() -> None:
     with gzip.open(args.trace, "rb") as trace:
         events = json.load(trace)["traceEvents"]
     work = sorted((e for e in events if e.get("cat") in DEVICE_CATEGORIES and "dur" in e), key=lambda e: e["ts"])
+    if not work:
+        raise SystemExit(f"{args.trace}: no device kernels in the trace (profiled on a CPU?)")
     start = work[0]["ts"]
     busy = gaps_total = 0.0
     gaps = []
