@@ -163,7 +163,6 @@ def test_bench_peer_with_bf16_weights(tmp_path: Path) -> None:
     assert report["ktrain"]["first_loss"] == pytest.approx(report["peer"]["first_loss"], rel=0.02)
     table = profile.read_text()  # --profile: the ktrain side's ops over 3 more steps, most time first
     assert "Self CPU" in table and "aten::mm" in table, table[:2000]
-    assert table.splitlines()[-1].startswith("3 steps: ") and "ms wall" in table.splitlines()[-1]
 
 
 def test_bench_profile_writes_a_chrome_trace(tmp_path: Path) -> None:

@@ -210,28 +210,22 @@ def _header(config: str, run: Run, rows: str, warmup: int, steps: int, peak: flo
 
 def _profile(trainer: BenchTrainer, data: TrainData, first: int, path: Path) -> None:
     """Three more steps under ``torch.profiler``, to ``path``: a Chrome trace where its name ends in
-    ``.json`` or ``.json.gz``; otherwise the ops that took the most device time (CPU time on a CPU) and a
-    last line with the three steps' wall time beside the device's busy time (the profiler's own host
-    work slows the steps it watches: the busy share is a lower bound)."""
+    ``.json`` or ``.json.gz`` (tools/device/trace_summary.py reads it), otherwise the ops that took the
+    most device time (CPU time on a CPU)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = trainer.run.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    start = time.perf_counter()
     with profile(activities=activities) as prof:
         for i in range(first, first + 3):
             trainer.bench_step(i, data)
         if cuda:
             torch.cuda.synchronize()
-    wall_ms = (time.perf_counter() - start) * 1e3
     if path.name.endswith((".json", ".json.gz")):
         prof.export_chrome_trace(str(path))
         return
-    events = prof.key_averages()
     key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-    table = events.table(sort_by=key, row_limit=40, max_name_column_width=70)
-    busy = f", the device busy {sum(e.self_device_time_total for e in events) / 1e3:.0f} ms" if cuda else ""
-    path.write_text(f"{table}\n3 steps: {wall_ms:.0f} ms wall{busy}\n")
+    path.write_text(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=70) + "\n")
 
 
 def _time_ktrain(

@@ -50,7 +50,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         state = self.state[p]
         if not state:
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-            state["master"] = p.detach().float().clone()
+            state["master"] = p.detach().to(torch.float32, copy=True)
             state["exp_avg"] = torch.zeros_like(state["master"])
             state["exp_avg_sq"] = torch.zeros_like(state["master"])
         return state

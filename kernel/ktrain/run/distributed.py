@@ -70,8 +70,8 @@ def barrier() -> None:
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    """Sum ``values`` over all ranks (a no-op in one process)."""
-    if not dist.is_initialized():
+    """Sum ``values`` over all ranks (a no-op in one process: no round trip through the device)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
         return values
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)

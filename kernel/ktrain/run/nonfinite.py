@@ -26,9 +26,7 @@ def skipped(run: Run, engine: Any, step: int, loss_sum: float) -> bool:
     value = faults.loss(step, run.rank, loss_sum)
     flags = [0.0] * run.world_size
     flags[run.rank] = 0.0 if math.isfinite(value) else 1.0
-    if run.world_size > 1:  # one process knows its own flag: no round trip through the device
-        flags = distributed.all_reduce_sum(flags, run.device)
-    ranks = [rank for rank, flag in enumerate(flags) if flag]
+    ranks = [rank for rank, flag in enumerate(distributed.all_reduce_sum(flags, run.device)) if flag]
     if not ranks:
         return False
     where = f"step {step} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
