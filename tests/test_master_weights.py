@@ -5,6 +5,9 @@ A run with it (learning, fp32 state in the checkpoint, exact resume) is in tests
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,9 +24,10 @@ def _pair(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_the_update_is_fused_adamw_on_the_masters_rounded_into_the_weights(device: str) -> None:
-    """Each step equals ``torch.optim.AdamW(fused=True)`` on fp32 copies fed the same gradients; the bf16
-    weight is the fp32 result rounded. A small chunk size makes a step span several chunks."""
+def test_the_update_is_adamw_on_the_masters_rounded_into_the_weights(device: str) -> None:
+    """Each step is ``torch.optim.AdamW(fused=True)`` on fp32 copies fed the same gradients, and the bf16
+    weight is the fp32 result rounded. On a CPU (``torch._fused_adamw_`` in chunks; a small chunk size makes
+    a step span several) to the bit; on a GPU (the Triton kernel) to float32 rounding."""
     weights = [torch.nn.Parameter(_pair(s)[0].to(device)) for s in range(3)]
     fp32 = [torch.nn.Parameter(w.detach().float()) for w in weights]
     kwargs = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
@@ -37,8 +41,43 @@ def test_the_update_is_fused_adamw_on_the_masters_rounded_into_the_weights(devic
         ours.step()
         reference.step()
     for w, f in zip(weights, fp32, strict=True):
-        assert torch.equal(ours.state[w]["master"], f.detach())
-        assert w.dtype == torch.bfloat16 and torch.equal(w.detach(), f.detach().bfloat16())
+        master = ours.state[w]["master"]
+        if device == "cpu":
+            assert torch.equal(master, f.detach())
+        else:
+            torch.testing.assert_close(master, f.detach(), rtol=1e-5, atol=1e-6)
+        assert w.dtype == torch.bfloat16 and torch.equal(w.detach(), master.bfloat16())
+
+
+def test_the_triton_kernel_in_triton_s_interpreter_matches_fused_adamw() -> None:
+    """The GPU kernel run by Triton's CPU interpreter (``TRITON_INTERPRET=1``, in a fresh process): masters
+    and moments within float32 rounding of fused AdamW over 4 steps. (The interpreter truncates when it
+    rounds to bf16, so the bf16 weight is checked on the GPU only, above.)"""
+    pytest.importorskip("triton")
+    script = """
+import torch
+from ktrain.builtin import master_weights_triton
+torch.manual_seed(0)
+n = 5000
+weight, grads = torch.randn(n).bfloat16(), [torch.randn(n).bfloat16() for _ in range(4)]
+master, exp_avg, exp_avg_sq, step = weight.float(), torch.zeros(n), torch.zeros(n), torch.zeros(())
+group = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+reference = torch.nn.Parameter(weight.float())
+adamw = torch.optim.AdamW([reference], fused=True, **group)
+for g in grads:
+    step += 1
+    master_weights_triton.update(weight, master, g, exp_avg, exp_avg_sq, step, group)
+    reference.grad = g.float()
+    adamw.step()
+state = adamw.state[reference]
+torch.testing.assert_close(master, reference.detach(), rtol=1e-5, atol=1e-6)
+torch.testing.assert_close(exp_avg, state["exp_avg"], rtol=1e-5, atol=1e-7)
+torch.testing.assert_close(exp_avg_sq, state["exp_avg_sq"], rtol=1e-5, atol=1e-9)
+print("ok")
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
 def test_updates_below_bf16_rounding_add_up_in_the_masters() -> None:

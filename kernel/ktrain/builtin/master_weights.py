@@ -14,15 +14,16 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _chunks(params: list[torch.Tensor], elements: int) -> Iterator[list[torch.Tensor]]:
-    chunk: list[torch.Tensor] = []
-    size = 0
-    for p in params:
-        chunk.append(p)
-        size += p.numel()
-        if size >= elements:
+def _chunks(rows: list[list[torch.Tensor]], elements: int) -> Iterator[list[list[torch.Tensor]]]:
+    """``rows`` (a weight and its tensors each) in runs whose weights add up to ``elements`` or just past it."""
+    chunk: list[list[torch.Tensor]] = []
+    total = 0
+    for row in rows:
+        chunk.append(row)
+        total += row[0].numel()
+        if total >= elements:
             yield chunk
-            chunk, size = [], 0
+            chunk, total = [], 0
     if chunk:
         yield chunk
 
@@ -34,9 +35,11 @@ class MasterWeightAdamW(torch.optim.Optimizer):
     autocast casts. This optimizer keeps, for each weight, an fp32 master copy and fp32 first and
     second moments: with the bf16 weight and gradient, 16 bytes a parameter, what fp32 weights with
     autocast also take, so updates smaller than a bf16 weight's rounding step add up in the master
-    instead of being lost. A step walks the weights in chunks of ``CHUNK`` elements: the chunk's
-    gradients are cast to fp32, ``torch._fused_adamw_`` updates its masters and moments (the kernel
-    ``torch.optim.AdamW(fused=True)`` runs), and the masters are rounded into the bf16 weights. The
+    instead of being lost. On a GPU one Triton kernel a weight reads its bf16 gradient and writes its
+    master, moments and bf16 weight (``master_weights_triton``). Elsewhere (and for non-contiguous
+    tensors) a step walks the weights in chunks of ``CHUNK`` elements: the chunk's gradients are cast to
+    fp32, ``torch._fused_adamw_`` updates its masters and moments (the kernel of
+    ``torch.optim.AdamW(fused=True)``), and the masters are rounded into the bf16 weights. The
     masters are optimizer state, so checkpoints hold them and a resume is exact. Sharded weights
     (FSDP2's DTensors) get sharded masters and moments; the update runs on the local shards.
     """
@@ -70,25 +73,50 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         if closure is not None:
             raise ValueError("adamw_fp32_master takes no closure")
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for chunk in _chunks([p for p in group["params"] if p.grad is not None], self.CHUNK):
-                states = [self._state(p) for p in chunk]
-                steps = [s["step"] for s in states]
-                masters = [_local(s["master"]) for s in states]
-                torch._foreach_add_(steps, 1)
-                torch._fused_adamw_(
-                    masters,
-                    [_local(p.grad).float() for p in chunk],
-                    [_local(s["exp_avg"]) for s in states],
-                    [_local(s["exp_avg_sq"]) for s in states],
-                    [],
-                    steps,
-                    lr=group["lr"],
-                    beta1=beta1,
-                    beta2=beta2,
-                    weight_decay=group["weight_decay"],
-                    eps=group["eps"],
-                    amsgrad=False,
-                    maximize=False,
-                )
-                torch._foreach_copy_([_local(p) for p in chunk], masters)
+            params = [p for p in group["params"] if p.grad is not None]
+            states = [self._state(p) for p in params]
+            if not params:
+                continue
+            torch._foreach_add_([s["step"] for s in states], 1)
+            rows = [
+                [
+                    _local(p),
+                    _local(s["master"]),
+                    _local(p.grad),
+                    _local(s["exp_avg"]),
+                    _local(s["exp_avg_sq"]),
+                    s["step"],
+                ]
+                for p, s in zip(params, states, strict=True)
+            ]
+            if params[0].device.type == "cuda" and all(t.is_contiguous() for row in rows for t in row):
+                from ktrain.builtin import master_weights_triton
+
+                for row in rows:
+                    master_weights_triton.update(*row, group)
+            else:
+                self._fused_update(group, rows)
+
+    def _fused_update(self, group: dict, rows: list[list[torch.Tensor]]) -> None:
+        """``torch._fused_adamw_`` on the masters, ``CHUNK`` elements of fp32 gradients at a time."""
+        beta1, beta2 = group["betas"]
+        for chunk in _chunks(rows, self.CHUNK):
+            weights, masters, grads, exp_avgs, exp_avg_sqs, steps = (
+                list(column) for column in zip(*chunk, strict=True)
+            )
+            torch._fused_adamw_(
+                masters,
+                [g.float() for g in grads],
+                exp_avgs,
+                exp_avg_sqs,
+                [],
+                steps,
+                lr=group["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                weight_decay=group["weight_decay"],
+                eps=group["eps"],
+                amsgrad=False,
+                maximize=False,
+            )
+            torch._foreach_copy_(weights, masters)
