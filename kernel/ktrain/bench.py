@@ -69,7 +69,7 @@ class TimedEngine:
         self.engine.backward(loss)
         self.timeline.mark("forward_backward")
 
-    def step(self) -> float:
+    def step(self) -> torch.Tensor | float:
         norm = self.engine.step()
         self.timeline.mark("optimizer")
         return norm

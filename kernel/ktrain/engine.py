@@ -59,7 +59,8 @@ class Engine:
         The norm may be a 0-d tensor on the device: ``step`` reads it only after the update is queued, so
         the host does not wait for the device between clipping and the update. Sharded gradients
         (DTensors) are grouped by mesh and placement, each group's norm made whole, then combined:
-        tensor-parallel and data-sharded parameters live on different meshes.
+        tensor-parallel and data-sharded parameters live on different meshes. An optimizer with a
+        ``scale_gradients(scale)`` method takes the clipping coefficient instead, to apply in its update.
         """
         params = [p for p in self.model.parameters() if p.grad is not None]
         groups: dict[Any, list[torch.Tensor]] = {}
@@ -74,13 +75,18 @@ class Engine:
             return 0.0
         total = torch.linalg.vector_norm(torch.stack([n.to(norms[0].device) for n in norms]))
         if self.max_grad_norm is not None:
-            torch.nn.utils.clip_grads_with_norm_(params, self.max_grad_norm, total)
+            scale_gradients = getattr(self.optimizer, "scale_gradients", None)
+            if scale_gradients is None:
+                torch.nn.utils.clip_grads_with_norm_(params, self.max_grad_norm, total)
+            else:  # the optimizer scales each gradient as it reads it (adamw_fp32_master): no pass of its own
+                scale_gradients(torch.clamp(self.max_grad_norm / (total + 1e-6), max=1.0))
         return total
 
-    def step(self) -> float:
+    def step(self) -> torch.Tensor | float:
         """Finish the optimizer step: clip, update, advance the schedule, zero the gradients.
 
-        Returns the gradient norm before clipping, read once the update is queued.
+        Returns the gradient norm before clipping, possibly a 0-d tensor still on the device: the loop
+        reads it on logged steps only, so that the host never waits for the update to finish.
         """
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
@@ -92,7 +98,7 @@ class Engine:
             self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return norm
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state on CPU, on rank 0 at least (export calls it on every rank)."""

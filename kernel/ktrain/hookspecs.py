@@ -327,8 +327,9 @@ def ktrain_on_train_start(run: Any, engine: Any) -> None:
 def ktrain_on_step_end(run: Any, step: int, metrics: dict[str, float]) -> None:
     """Called on every rank after each optimizer step.
 
-    ``metrics`` holds ``lr`` and ``grad_norm`` of the step; on logged steps (``logging_steps``) also the
-    loss over the window and the rest of what metrics.jsonl gets.
+    ``metrics`` holds ``lr`` of the step; on logged steps (``logging_steps``) also its ``grad_norm``, the
+    loss over the window and the rest of what metrics.jsonl gets (reading those waits for the device, so
+    the other steps leave them there).
     """
 
 

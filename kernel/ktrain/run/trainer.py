@@ -251,7 +251,7 @@ class Trainer:
                 metrics = {
                     "loss": reduced / run.mesh.copies / max(window_tokens, 1),
                     "lr": self.engine.lr(),
-                    "grad_norm": self.grad_norm,
+                    "grad_norm": float(self.grad_norm),
                     "tokens_per_s": window_inputs / elapsed,
                     "epoch": round(run.step / max(self.plan.steps_per_epoch, 1), 4),
                 }
@@ -262,8 +262,8 @@ class Trainer:
                 run.log.write(run.step, metrics)
                 window_loss = window_tokens = window_inputs = 0.0
                 window_start = time.perf_counter()
-            else:  # the loss is reduced over ranks on logged steps only
-                metrics = {"lr": self.engine.lr(), "grad_norm": self.grad_norm}
+            else:  # the loss and the gradient norm are read from the device on logged steps only
+                metrics = {"lr": self.engine.lr()}
             run.hook.ktrain_on_step_end(run=run, step=run.step, metrics=metrics)
             if data.eval_rows and ((eval_every and run.step % eval_every == 0) or run.step == total):
                 eval_metrics = {"eval_loss": self.evaluate(data.eval_rows, data.eval_packed)}
