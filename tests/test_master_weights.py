@@ -27,7 +27,9 @@ def _pair(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def test_the_update_is_adamw_on_the_masters_rounded_into_the_weights(device: str) -> None:
     """Each step is ``torch.optim.AdamW(fused=True)`` on fp32 copies fed the same gradients, and the bf16
     weight is the fp32 result rounded. On a CPU (``torch._fused_adamw_`` in chunks; a small chunk size makes
-    a step span several) to the bit; on a GPU (the Triton kernel) to float32 rounding."""
+    a step span several) to the bit; on a GPU (the Triton kernel) to float32 rounding. On steps 2 and 3 a
+    clipping coefficient is handed in (``scale_gradients``): the reference's fp32 gradients are multiplied
+    by it."""
     weights = [torch.nn.Parameter(_pair(s)[0].to(device)) for s in range(3)]
     fp32 = [torch.nn.Parameter(w.detach().float()) for w in weights]
     kwargs = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
@@ -35,9 +37,12 @@ def test_the_update_is_adamw_on_the_masters_rounded_into_the_weights(device: str
     ours.CHUNK = 64 * 48
     reference = torch.optim.AdamW(fp32, fused=True, **kwargs)
     for step in range(4):
+        scale = torch.tensor(0.25 + 0.125 * step, device=device) if step >= 2 else None
         for i, (w, f) in enumerate(zip(weights, fp32, strict=True)):
             w.grad = _pair(10 * step + i)[1].to(device)
-            f.grad = w.grad.float()
+            f.grad = w.grad.float() if scale is None else w.grad.float() * scale
+        if scale is not None:
+            ours.scale_gradients(scale)
         ours.step()
         reference.step()
     for w, f in zip(weights, fp32, strict=True):
@@ -51,8 +56,8 @@ def test_the_update_is_adamw_on_the_masters_rounded_into_the_weights(device: str
 
 def test_the_triton_kernel_in_triton_s_interpreter_matches_fused_adamw() -> None:
     """The GPU kernel run by Triton's CPU interpreter (``TRITON_INTERPRET=1``, in a fresh process): masters
-    and moments within float32 rounding of fused AdamW over 4 steps. (The interpreter truncates when it
-    rounds to bf16, so the bf16 weight is checked on the GPU only, above.)"""
+    and moments within float32 rounding of fused AdamW over 4 steps, two of them with scaled gradients.
+    (The interpreter truncates when it rounds to bf16, so the bf16 weight is checked on the GPU only, above.)"""
     pytest.importorskip("triton")
     script = """
 import torch
@@ -64,10 +69,11 @@ master, exp_avg, exp_avg_sq, step = weight.float(), torch.zeros(n), torch.zeros(
 group = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 reference = torch.nn.Parameter(weight.float())
 adamw = torch.optim.AdamW([reference], fused=True, **group)
-for g in grads:
+for i, g in enumerate(grads):
     step += 1
-    master_weights_triton.update(weight, master, g, exp_avg, exp_avg_sq, step, group)
-    reference.grad = g.float()
+    scale = torch.tensor(0.5) if i % 2 else None
+    master_weights_triton.update(weight, master, g, exp_avg, exp_avg_sq, step, scale, group)
+    reference.grad = g.float() if scale is None else g.float() * scale
     adamw.step()
 state = adamw.state[reference]
 torch.testing.assert_close(master, reference.detach(), rtol=1e-5, atol=1e-6)

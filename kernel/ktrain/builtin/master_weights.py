@@ -41,13 +41,20 @@ class MasterWeightAdamW(torch.optim.Optimizer):
     fp32, ``torch._fused_adamw_`` updates its masters and moments (the kernel of
     ``torch.optim.AdamW(fused=True)``), and the masters are rounded into the bf16 weights. The
     masters are optimizer state, so checkpoints hold them and a resume is exact. Sharded weights
-    (FSDP2's DTensors) get sharded masters and moments; the update runs on the local shards.
+    (FSDP2's DTensors) get sharded masters and moments; the update runs on the local shards. Gradient
+    clipping hands its coefficient to ``scale_gradients`` and the update applies it as it reads each
+    gradient, which saves the clipping's own pass over the gradients.
     """
 
     CHUNK = 1 << 26  # fp32 gradient elements made at a time (256 MiB)
 
     def __init__(self, params: Any, lr: float, betas: tuple[float, float], eps: float, weight_decay: float = 0.0):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        self.grad_scale: torch.Tensor | None = None
+
+    def scale_gradients(self, scale: torch.Tensor) -> None:
+        """Multiply the gradients by ``scale`` (a 0-d tensor, e.g. the clipping coefficient) in the next step."""
+        self.grad_scale = scale
 
     def _state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
         state = self.state[p]
@@ -72,6 +79,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         """Update the masters from the bf16 gradients and round them into the weights."""
         if closure is not None:
             raise ValueError("adamw_fp32_master takes no closure")
+        scale, self.grad_scale = self.grad_scale, None
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             states = [self._state(p) for p in params]
@@ -92,21 +100,25 @@ class MasterWeightAdamW(torch.optim.Optimizer):
             if params[0].device.type == "cuda" and all(t.is_contiguous() for row in rows for t in row):
                 from ktrain.builtin import master_weights_triton
 
-                for row in rows:
-                    master_weights_triton.update(*row, group)
+                # largest first: while the device works through them, the host gets ahead with the small ones
+                for row in sorted(rows, key=lambda row: -row[0].numel()):
+                    master_weights_triton.update(*row, scale, group)
             else:
-                self._fused_update(group, rows)
+                self._fused_update(group, rows, scale)
 
-    def _fused_update(self, group: dict, rows: list[list[torch.Tensor]]) -> None:
+    def _fused_update(self, group: dict, rows: list[list[torch.Tensor]], scale: torch.Tensor | None) -> None:
         """``torch._fused_adamw_`` on the masters, ``CHUNK`` elements of fp32 gradients at a time."""
         beta1, beta2 = group["betas"]
         for chunk in _chunks(rows, self.CHUNK):
             weights, masters, grads, exp_avgs, exp_avg_sqs, steps = (
                 list(column) for column in zip(*chunk, strict=True)
             )
+            grads = [g.float() for g in grads]
+            if scale is not None:
+                torch._foreach_mul_(grads, scale)
             torch._fused_adamw_(
                 masters,
-                [g.float() for g in grads],
+                grads,
                 exp_avgs,
                 exp_avg_sqs,
                 [],
