@@ -206,6 +206,7 @@ PLUGIN_KEYS: dict[str, tuple[str, ...]] = {
         "liger_swiglu",
         "liger_cross_entropy",
         "liger_fused_linear_cross_entropy",
+        "liger_flce_chunk_mem_const",
     ),
     "ktrain-plugin-parallel": ("sequence_parallel_degree", "heads_k_stride", "ring_attn_func"),
     "ktrain-plugin-tensorboard": ("use_tensorboard",),

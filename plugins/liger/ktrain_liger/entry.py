@@ -40,6 +40,11 @@ class LigerKeys:
     liger_fused_linear_cross_entropy: bool = key(
         False, "the output layer and the cross entropy fused, in chunks: the logits are never materialized"
     )
+    liger_flce_chunk_mem_const: int = key(
+        1,
+        "liger_fused_linear_cross_entropy's chunks hold logits of up to this many times the hidden states' "
+        "size (Liger's chunk_mem_const): fewer, larger chunks run faster matrix multiplies in more memory",
+    )
 
 
 def requested(config: Any) -> dict[str, str]:
@@ -68,6 +73,10 @@ def ktrain_validate_config(config: Any, report: Any) -> None:
             "liger_cross_entropy",
             "liger_fused_linear_cross_entropy already computes the loss; set one of the two",
         )
+    if config.liger_flce_chunk_mem_const < 1:
+        report.error("liger_flce_chunk_mem_const", "must be a whole number of at least 1 (Liger's default is 1)")
+    elif config.liger_flce_chunk_mem_const != 1 and not config.liger_fused_linear_cross_entropy:
+        report.error("liger_flce_chunk_mem_const", "sizes liger_fused_linear_cross_entropy's chunks; set that key too")
 
 
 @hookimpl

@@ -6,6 +6,7 @@ its hooks, so that ``ktrain check`` stays light.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ktrain import hookimpl
@@ -40,5 +41,14 @@ class Liger:
         from ktrain_liger.patch import patch
 
         done = patch(model, set(self.requested.values()))
+        const = self.config.liger_flce_chunk_mem_const
+        if "fused_linear_cross_entropy" in done and const != 1:
+            model.register_forward_pre_hook(functools.partial(_with_chunk_mem_const, const), with_kwargs=True)
+            done["fused_linear_cross_entropy"] += f", chunk_mem_const {const}"
         if run.is_main:
             print(f"liger: {', '.join(f'{op} ({what})' for op, what in done.items())}", flush=True)
+
+
+def _with_chunk_mem_const(const: int, module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Forward pre-hook: Liger's patched forward hands ``chunk_mem_const`` on to its fused loss."""
+    return args, {**kwargs, "chunk_mem_const": const}

@@ -22,15 +22,19 @@ LIGER = {
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("architecture", ["llama", "qwen3"])
-def test_liger_losses_match_plain_transformers(tmp_path: Path, architecture: str) -> None:
+@pytest.mark.parametrize(
+    ("architecture", "chunk_mem_const"), [("llama", 1), ("qwen3", 1), ("llama", 8)], ids=["llama", "qwen3", "llama-8"]
+)
+def test_liger_losses_match_plain_transformers(tmp_path: Path, architecture: str, chunk_mem_const: int) -> None:
+    """``chunk_mem_const`` 8 (``liger_flce_chunk_mem_const``) cuts the loss into fewer, larger chunks."""
     if architecture == "qwen3":
         model_dir(tmp_path, model_type="qwen3", architectures=["Qwen3ForCausalLM"])
     else:
         model_dir(tmp_path)
     dataset(tmp_path, 200)
     plain = write_config(tmp_path, "plain.yaml", max_steps=4, output_dir=str(tmp_path / "plain"))
-    fused = write_config(tmp_path, "liger.yaml", max_steps=4, output_dir=str(tmp_path / "liger"), **LIGER)
+    keys = {**LIGER, "liger_flce_chunk_mem_const": chunk_mem_const}
+    fused = write_config(tmp_path, "liger.yaml", max_steps=4, output_dir=str(tmp_path / "liger"), **keys)
     assert ktrain("run", str(plain)).returncode == 0
     done = ktrain("run", str(fused))
     assert done.returncode == 0, done.stderr

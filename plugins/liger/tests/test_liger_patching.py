@@ -7,6 +7,7 @@ until a forward, which needs a GPU). liger-kernel also replaces functions of the
 
 from __future__ import annotations
 
+import functools
 import types
 from pathlib import Path
 
@@ -72,6 +73,34 @@ def test_patching_replaces_exactly_the_requested_ops(restored, config, norms: in
     assert names["model.embed_tokens"] == "Embedding"
 
 
+def test_chunk_mem_const_reaches_liger_s_fused_loss(restored, monkeypatch) -> None:
+    """``liger_flce_chunk_mem_const`` travels from the model's call through Liger's patched forward into its
+    fused loss. The decoder runs on CPU (only the loss is patched); the loss itself, a Triton kernel, is
+    replaced by a recorder that stops the forward there."""
+    from liger_kernel.transformers import functional
+
+    from ktrain_liger.runtime import Liger
+
+    fused = functional.liger_fused_linear_cross_entropy
+    seen: dict[str, object] = {}
+
+    @functools.wraps(fused)  # Liger passes on only the keywords the loss's signature names
+    def recorder(*args, **kwargs):
+        seen.update(kwargs)
+        raise StopIteration
+
+    monkeypatch.setattr(functional, "liger_fused_linear_cross_entropy", recorder)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**SMALL, **SMALL_HEADS))
+    config = types.SimpleNamespace(liger_flce_chunk_mem_const=4)
+    Liger(config, {"liger_fused_linear_cross_entropy": "fused_linear_cross_entropy"}).ktrain_wrap_model(
+        model, types.SimpleNamespace(is_main=False)
+    )
+    ids = torch.randint(0, 100, (2, 8))
+    with pytest.raises(StopIteration):
+        model(input_ids=ids, labels=ids)
+    assert seen["chunk_mem_const"] == 4
+
+
 def test_rope_and_cross_entropy_replace_functions(restored) -> None:
     model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**SMALL, **SMALL_HEADS))
     rope = modeling_llama.apply_rotary_pos_emb
@@ -130,6 +159,10 @@ def test_check_passes_on_cpu_and_names_conflicting_keys(root: Path, capsys) -> N
     assert code == 2 and "liger_swiglu: contradicts liger_glu_activation" in out
     code, out = _check(root, capsys, liger_rms_norm="yes")
     assert code == 2 and "liger_rms_norm: expected a boolean" in out
+    code, out = _check(root, capsys, liger_rms_norm=True, liger_flce_chunk_mem_const=4)
+    assert code == 2 and "liger_flce_chunk_mem_const: sizes liger_fused_linear_cross_entropy's chunks" in out
+    code, out = _check(root, capsys, liger_fused_linear_cross_entropy=True, liger_flce_chunk_mem_const=0)
+    assert code == 2 and "liger_flce_chunk_mem_const: must be a whole number of at least 1" in out
 
 
 def test_two_plugins_patching_one_op_stop_naming_both(root: Path) -> None:
