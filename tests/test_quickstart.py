@@ -13,7 +13,9 @@ def test_quickstart_learns_arithmetic(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     accuracy = records(out, "exact_match")
     before, after = accuracy[0], max(accuracy.values())
-    assert before < 0.05 and after > 0.6, accuracy  # measured: 0.0 -> 0.995 (seed 0, tools/quickstart/tune.py)
+    # measured: 0.0 -> 0.78 (156/200) with this config at 1dcd3f4 and later; tools/quickstart/tune.py, a plain
+    # PyTorch loop with other settings, reached 0.995
+    assert before < 0.05 and after > 0.6, accuracy
     assert "exact-match accuracy after training" in done.stdout
     answer = ktrain("generate", str(out), "What is 12+34?")
     assert answer.returncode == 0 and answer.stdout.strip().isdigit(), answer
