@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
+
+TRITON = importlib.util.find_spec("triton") is not None  # CUDA builds of torch bring it on Linux
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -37,8 +40,8 @@ class MasterWeightAdamW(torch.optim.Optimizer):
     autocast also take, so updates smaller than a bf16 weight's rounding step add up in the master
     instead of being lost. On a GPU one Triton kernel a weight reads its bf16 gradient and writes its
     master, moments and bf16 weight (``master_weights_triton``). Elsewhere (and for non-contiguous
-    tensors) a step walks the weights in chunks of ``CHUNK`` elements: the chunk's gradients are cast to
-    fp32, ``torch._fused_adamw_`` updates its masters and moments (the kernel of
+    tensors, or without Triton) a step walks the weights in chunks of ``CHUNK`` elements: the chunk's
+    gradients are cast to fp32, ``torch._fused_adamw_`` updates its masters and moments (the kernel of
     ``torch.optim.AdamW(fused=True)``), and the masters are rounded into the bf16 weights. The
     masters are optimizer state, so checkpoints hold them and a resume is exact. Sharded weights
     (FSDP2's DTensors) get sharded masters and moments; the update runs on the local shards. Gradient
@@ -97,7 +100,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
                 ]
                 for p, s in zip(params, states, strict=True)
             ]
-            if params[0].device.type == "cuda" and all(t.is_contiguous() for row in rows for t in row):
+            if params[0].device.type == "cuda" and TRITON and all(t.is_contiguous() for row in rows for t in row):
                 from ktrain.builtin import master_weights_triton
 
                 # largest first: while the device works through them, the host gets ahead with the small ones
