@@ -3,8 +3,9 @@
 The run is built as ``ktrain run`` builds it: the same plugins and hooks load, wrap, parallelize and
 shard the model and build the optimizer and schedule, and every step is the loop's own
 ``Trainer._train_step``. Left out are the loop's observers (logging, evaluation, checkpoints, export,
-the ``on_*`` hooks). One process (world size 1); the run directory is a temporary folder, removed at the
-end, so nothing is written to ``output_dir``.
+the ``on_*`` hooks). One process (world size 1), or N ranks with ``--nproc-per-node`` (``ktrain.bench_ranks``,
+each rank calling ``measure``); the run directory is a temporary folder, removed at the end, so nothing
+is written to ``output_dir``.
 
 Rows: random tokens, ``micro_batch_size`` rows of ``sequence_len`` tokens per micro-batch, every token
 trained, with ``--synthetic`` or when the config has no ``datasets`` (the config check's demand for
@@ -50,7 +51,7 @@ from ktrain.run.metrics import flops_per_token, non_embedding_params, peak_flops
 from ktrain.run.trainer import Trainer
 
 PLACEHOLDER_DATASETS = "datasets=[{path: ktrain-bench-synthetic-rows}]"
-EXIT_OK, EXIT_BAD_INPUT = 0, 2
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 Lengths = tuple[int, int, int]
 """``--lengths``: the median and the longest sample, and the peer's micro batch."""
 
@@ -100,7 +101,7 @@ class BenchTrainer(Trainer):
             if lengths:
                 ours, self.peer_rows = variable_length_rows(vocab.vocab_size, config, *lengths, steps=steps)
                 return TrainData(ours, [], config.sample_packing, False, [])
-            return TrainData(SyntheticRows(vocab.vocab_size, config), [], False, False, [])
+            return TrainData(SyntheticRows(vocab.vocab_size, config, run.mesh.dp_size), [], False, False, [])
         run.tokenizer = run.hook.ktrain_load_tokenizer(run=run)
         if config.chat_template or config.chat_template_jinja:
             name = templates.template_name(None, config)
@@ -129,17 +130,19 @@ class BenchTrainer(Trainer):
         return batch
 
     def bench_step(self, step: int, data: TrainData) -> tuple[float, int]:
-        """One optimizer step of the loop; returns (token-mean loss, input tokens)."""
+        """One optimizer step of the loop; returns (this rank's share of the token-mean loss, global input tokens)."""
         loss_sum, trained, inputs = self._train_step(step, data)
         return loss_sum / max(trained, 1), inputs
 
 
-def _prepare(config: str, overrides: list[str], run_dir: Path, synthetic: bool) -> tuple[Plan, bool]:
-    """The checked plan for one rank in ``run_dir``, and whether the rows are synthetic."""
+def _prepare(
+    config: str, overrides: list[str], run_dir: Path, synthetic: bool, world_size: int = 1
+) -> tuple[Plan, bool]:
+    """The checked plan for ``world_size`` ranks in ``run_dir``, and whether the rows are synthetic."""
     _, loaded = load_plugins_and_config(config, overrides)
     has_data = bool(loaded.datasets or loaded.pretraining_dataset)
     extra = [f"output_dir={run_dir}"] + ([] if has_data else [PLACEHOLDER_DATASETS])
-    plan = prepare(config, [*overrides, *extra], world_size=1, with_defaults=True)
+    plan = prepare(config, [*overrides, *extra], world_size=world_size, with_defaults=True)
     for problem in plan.warnings:
         print(f"ktrain: warning: {problem}", file=sys.stderr)
     return plan, synthetic or not has_data
@@ -202,6 +205,9 @@ def _header(config: str, run: Run, rows: str, warmup: int, steps: int, peak: flo
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
         "warmup_steps": warmup,
         "timed_steps": steps,
+        "ranks": run.world_size,
+        "data_parallel": run.mesh.dp_size,
+        "mesh": run.mesh.describe(),
         "peak_tflops": peak / 1e12 if peak else None,
         "peer": None,
         "ratio": None,
@@ -263,42 +269,71 @@ def bench(
     profile_to: Path | None = None,
     lengths: Lengths | None = None,
 ) -> dict[str, Any]:
-    """Time the config's step (and first the peer's); return the report that ``ktrain bench`` prints."""
-    from ktrain.bench_peer import describe, run_peer
-
-    total = warmup + steps + (3 if profile_to else 0)
-    timed_steps = range(warmup, warmup + steps)
+    """Time the config's step in this process (and first the peer's); return the report ``ktrain bench`` prints."""
     with tempfile.TemporaryDirectory(prefix="ktrain-bench-") as tmp:
         plan, synthetic = _prepare(config, overrides, Path(tmp), synthetic or bool(lengths))
-        cfg = plan.config
         if lengths and not lengths[2]:  # the peer's micro batch defaults to the config's
-            lengths = (lengths[0], lengths[1], cfg.micro_batch_size)
+            lengths = (lengths[0], lengths[1], plan.config.micro_batch_size)
         run = _run(plan, Path(tmp))
-        peak = peak_flops(run.device)
-        report = _header(config, run, _rows(synthetic, lengths, cfg.sample_packing), warmup, steps, peak)
-        pad_to = cfg.sequence_len if cfg.pad_to_sequence_len else None
-        trainer = BenchTrainer(run)
         try:
-            data = trainer.load_data(synthetic, total, lengths)
-            if peer:
-                # with --lengths the peer pads each micro-batch to its longest sample, as a user's collator does
-                rows, packed, peer_pad_to = (
-                    (trainer.peer_rows, False, None) if trainer.peer_rows else (data.train, data.train_packed, pad_to)
-                )
-                held = reset_memory(run.device)
-                timed, flops = run_peer(
-                    cfg, rows, packed, trainer.pad_id, peer_pad_to, run.device, run.compute_dtype, peer_variant,
-                    warmup, steps,
-                )  # fmt: skip
-                name = f"peer {peer}: {describe(peer_variant, run.compute_dtype)}"
-                report["peer"] = _side(name, timed, flops, peak, held, padding(rows, timed_steps, peer_pad_to))
-            held = reset_memory(run.device)
-            torch.manual_seed(cfg.seed)
-            timed, report["formula"] = _time_ktrain(trainer, data, warmup, steps, profile_to)
-            flops = report["formula"]["flops_per_token"]
-            report["ktrain"] = _side("ktrain", timed, flops, peak, held, padding(data.train, timed_steps, pad_to))
+            return measure(
+                run, config, steps=steps, warmup=warmup, synthetic=synthetic, peer=peer, peer_variant=peer_variant,
+                profile_to=profile_to, lengths=lengths,
+            )  # fmt: skip
         finally:
             distributed.shutdown()
+
+
+def measure(
+    run: Run,
+    config: str,
+    *,
+    steps: int,
+    warmup: int,
+    synthetic: bool,
+    peer: str | None = None,
+    peer_variant: str = "mixed",
+    profile_to: Path | None = None,
+    lengths: Lengths | None = None,
+) -> dict[str, Any]:
+    """Time the run's step on this rank, all ranks together (and first the peer's, in one process only).
+
+    tokens/s counts the tokens of every rank; MFU divides by the ranks' peaks; the peak memory is the
+    largest of any rank. Every rank returns the same report.
+    """
+    from ktrain.bench_peer import describe, run_peer
+
+    cfg = run.config
+    total = warmup + steps + (3 if profile_to else 0)
+    timed_steps = range(warmup, warmup + steps)
+    peak = peak_flops(run.device)
+    report = _header(config, run, _rows(synthetic, lengths, cfg.sample_packing), warmup, steps, peak)
+    pad_to = cfg.sequence_len if cfg.pad_to_sequence_len else None
+    trainer = BenchTrainer(run)
+    data = trainer.load_data(synthetic, total, lengths)
+    if peer:
+        # with --lengths the peer pads each micro-batch to its longest sample, as a user's collator does
+        rows, packed, peer_pad_to = (
+            (trainer.peer_rows, False, None) if trainer.peer_rows else (data.train, data.train_packed, pad_to)
+        )
+        held = reset_memory(run.device)
+        timed, flops = run_peer(
+            cfg, rows, packed, trainer.pad_id, peer_pad_to, run.device, run.compute_dtype, peer_variant, warmup, steps
+        )
+        name = f"peer {peer}: {describe(peer_variant, run.compute_dtype)}"
+        report["peer"] = _side(name, timed, flops, peak, held, padding(rows, timed_steps, peer_pad_to))
+    held = reset_memory(run.device)
+    torch.manual_seed(cfg.seed)
+    timed, report["formula"] = _time_ktrain(trainer, data, warmup, steps, profile_to)
+    if timed.peak_memory_gib is not None:
+        timed.peak_memory_gib = distributed.all_reduce_max(timed.peak_memory_gib, run.device)
+    # each rank's loss is its share of the global token mean; ranks holding copies (tensor parallel) count once
+    losses = distributed.all_reduce_sum([timed.first_loss, timed.last_loss], run.device)
+    timed.first_loss, timed.last_loss = (loss / run.mesh.copies for loss in losses)
+    flops = report["formula"]["flops_per_token"]
+    all_peaks = peak * run.world_size if peak else None
+    report["ktrain"] = _side("ktrain", timed, flops, all_peaks, held, padding(data.train, timed_steps, pad_to))
+    report["ktrain"]["tokens_per_s_per_device"] = report["ktrain"]["tokens_per_s"] / run.world_size
     if report["peer"]:
         report["ratio"] = report["ktrain"]["tokens_per_s"] / report["peer"]["tokens_per_s"]
     return report
@@ -312,14 +347,19 @@ def describe_report(report: dict[str, Any]) -> str:
     """The report as the command prints it."""
     f = report["formula"]
     tokens = report["micro_batch_size"] * report["sequence_len"] * report["gradient_accumulation_steps"]
+    tokens *= report["data_parallel"]
+    ranks = report["ranks"]
+    where = report["device"] if ranks == 1 else f"{ranks} ranks of {report['device']} ({report['mesh']})"
     peak = f"{report['peak_tflops']:g} TFLOP/s" if report["peak_tflops"] else None
     frozen = f" - 2 x {f['frozen_params']:,} of them frozen (no weight gradient)" if f["frozen_params"] else ""
     lines = [
-        f"ktrain bench {report['config']} on {report['device']} (ktrain {report['versions']['ktrain']}, "
+        f"ktrain bench {report['config']} on {where} (ktrain {report['versions']['ktrain']}, "
         f"torch {report['versions']['torch']}, transformers {report['versions']['transformers']})",
         f"plugins beside the kernel's: {', '.join(report['plugins']) or 'none'}",
         f"rows: {report['rows']}; micro batch {report['micro_batch_size']} x sequence {report['sequence_len']} "
-        f"x accumulation {report['gradient_accumulation_steps']} = {tokens:,} tokens a step; "
+        f"x accumulation {report['gradient_accumulation_steps']}"
+        + (f" x {report['data_parallel']} data-parallel ranks" if report["data_parallel"] > 1 else "")
+        + f" = {tokens:,} tokens a step; "
         f"{report['warmup_steps']} warm-up + {report['timed_steps']} timed steps",
         f"MFU = tokens/s x FLOPs a token / peak; FLOPs a token = 6 x {f['non_embedding_params']:,} parameters "
         f"outside the embeddings{frozen} + 12 x {f['layers']} layers x {f['hidden']} hidden "
@@ -340,6 +380,9 @@ def describe_report(report: dict[str, Any]) -> str:
             f"{split['optimizer'] * 1e3:>9.1f} {side['first_loss']:>7.3f} {side['padding']:>7.1%}"
         )
     lines.append("tokens/s counts the samples' tokens; padding is the share of the computed positions that are padding")
+    if ranks > 1:
+        per_device = report["ktrain"]["tokens_per_s_per_device"]
+        lines.append(f"{ranks} ranks: {per_device:,.0f} tokens/s per device; MFU against all {ranks} devices' peaks")
     if report["ratio"] is not None:
         lines.append(f"ktrain / peer: {report['ratio']:.2f}x tokens/s")
     if report["device"] == "CPU":
@@ -373,18 +416,38 @@ def bench_cli(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"ktrain: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    flags = (("--peer", args.peer), ("--profile", args.profile), ("--lengths", lengths))
+    one_process = [flag for flag, given in flags if given]
+    if args.nproc_per_node < 1:
+        print("ktrain: --nproc-per-node must be at least 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.nproc_per_node > 1 and one_process:
+        print(f"ktrain: {', '.join(one_process)} run in one process: drop them or --nproc-per-node", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
-        report = bench(
-            args.config,
-            args.overrides,
-            steps=args.steps,
-            warmup=args.warmup,
-            synthetic=args.synthetic,
-            peer=args.peer,
-            peer_variant=args.peer_variant,
-            profile_to=args.profile,
-            lengths=lengths,
-        )
+        if args.nproc_per_node > 1:
+            from ktrain.bench_ranks import RanksFailed, bench_ranks
+
+            try:
+                report = bench_ranks(
+                    args.config, args.overrides, nproc=args.nproc_per_node, steps=args.steps, warmup=args.warmup,
+                    synthetic=args.synthetic,
+                )  # fmt: skip
+            except RanksFailed as e:
+                print(e, file=sys.stderr)
+                return EXIT_FAILED
+        else:
+            report = bench(
+                args.config,
+                args.overrides,
+                steps=args.steps,
+                warmup=args.warmup,
+                synthetic=args.synthetic,
+                peer=args.peer,
+                peer_variant=args.peer_variant,
+                profile_to=args.profile,
+                lengths=lengths,
+            )
     except (DataError, FileNotFoundError) as e:
         print(f"ktrain: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

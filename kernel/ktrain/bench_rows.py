@@ -24,20 +24,23 @@ MIN_LENGTH = 2
 
 
 class SyntheticRows:
-    """Random-token rows of ``sequence_len`` tokens, each row one sample: two global batches used in turn."""
+    """Random-token rows of ``sequence_len`` tokens, each row one sample: two global batches used in turn,
+    each with rows of its own for every one of ``dp_size`` data-parallel ranks."""
 
-    dp_size = 1
-
-    def __init__(self, vocab_size: int, config: Any):
+    def __init__(self, vocab_size: int, config: Any, dp_size: int = 1):
         micro, accum, seq = config.micro_batch_size, config.gradient_accumulation_steps, config.sequence_len
-        ids = np.random.default_rng(config.seed).integers(0, vocab_size, size=(2, accum, micro, seq), dtype=np.int32)
-        self.batches = [[[[Example(row, row)] for row in micro_rows] for micro_rows in batch] for batch in ids]
-        self.rows_per_step = micro * accum
+        shape = (2, dp_size, accum, micro, seq)
+        ids = np.random.default_rng(config.seed).integers(0, vocab_size, size=shape, dtype=np.int32)
+        self.batches = [
+            [[[[Example(row, row)] for row in micro_rows] for micro_rows in rank] for rank in batch] for batch in ids
+        ]
+        self.dp_size = dp_size
+        self.rows_per_step = dp_size * micro * accum
         self.steps_per_epoch = 2
         self.n = 2 * self.rows_per_step
 
     def step(self, step: int) -> list[list[list[list[Example]]]]:
-        return [self.batches[step % 2]]
+        return self.batches[step % 2]
 
 
 class FetchedRows:

@@ -6,7 +6,7 @@ the previous mark to its own. On a GPU the marks are CUDA events recorded in the
 each point and read once after the timed steps, so the step is never stalled to be timed; a part is then
 the GPU's time between marks, which includes the GPU waiting for the host (that is how a slow data path
 shows). On a CPU the marks are the host's clock. The wall time of the timed steps (the device synchronized
-before and after) gives tokens/s.
+before and after, and on several ranks all ranks met) gives tokens/s.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 import torch
+import torch.distributed as dist
 
 PARTS = ("data", "forward_backward", "optimizer")
 
@@ -39,8 +40,11 @@ class Timeline:
         return event
 
     def _sync(self) -> None:
+        """Wait for this device, then for every rank (one process: no wait)."""
         if self.cuda:
             torch.cuda.synchronize(self.device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
 
     def start(self) -> None:
         self._sync()

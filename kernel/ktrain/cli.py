@@ -106,6 +106,13 @@ def _configure_bench(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="then profile 3 more steps: the top kernels by device time, or a Chrome trace (FILE.json[.gz]), to FILE",
     )
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="time the step on N ranks of this machine (N GPUs, or CPU ranks); without --peer, --profile, --lengths",
+    )
 
 
 def _configure_none(p: argparse.ArgumentParser) -> None:

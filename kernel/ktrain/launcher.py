@@ -49,7 +49,8 @@ def launch(args: argparse.Namespace) -> int:
     try:
         if plan.mesh.world_size == 1 and args.nnodes == 1 and not args.max_restarts:
             return _run_here(run_dir, args.resume)
-        return _run_ranks(run_dir, plan.mesh.world_size // args.nnodes, args)
+        worker = ["-m", "ktrain.worker", str(run_dir), *(["--resume"] if args.resume else [])]
+        return run_ranks(plan.mesh.world_size // args.nnodes, args, worker)
     finally:
         lock.close()
 
@@ -84,7 +85,9 @@ def _no_message(exitcode: int) -> str:
     return f"none: the rank exited with code {exitcode} without raising"
 
 
-def _run_ranks(run_dir: Path, nproc: int, args: argparse.Namespace) -> int:
+def run_ranks(nproc: int, args: argparse.Namespace, worker: list[str]) -> int:
+    """Start ``nproc`` ranks here running ``worker`` (``-m MODULE ARGS...``) under the elastic agent, as ``args``
+    (``nnodes``, ``max_restarts``, the rendezvous) say; when one fails, stop the others and name the first."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser
     from torch.distributed.run import run as elastic_run
@@ -112,7 +115,7 @@ def _run_ranks(run_dir: Path, nproc: int, args: argparse.Namespace) -> int:
         ]
     else:
         argv += ["--standalone"]
-    argv += ["-m", "ktrain.worker", str(run_dir), *(["--resume"] if args.resume else [])]
+    argv += worker
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     try:
         elastic_run(get_args_parser().parse_args(argv))

@@ -78,6 +78,15 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def all_reduce_max(value: float, device: torch.device) -> float:
+    """The largest ``value`` of any rank (``value`` itself in one process)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t[0])
+
+
 def gather_lists(items: list[str]) -> list[str]:
     """Every rank's ``items`` joined, on every rank (``items`` itself in one process)."""
     if not dist.is_initialized():

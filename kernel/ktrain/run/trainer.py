@@ -296,25 +296,19 @@ class Trainer:
         distributed.barrier()
 
 
-def rank_main(run_dir: Path, resume: bool, extra_plugins: tuple = ()) -> dict[str, float]:
-    """Everything one rank does: read the plan, start the process group, train, shut down.
-
-    ``extra_plugins`` are ``(name, object)`` pairs registered as if installed (benchmarks, tests).
-    Returns the final metrics.
-    """
+def rank_run(run_dir: Path, extra_plugins: tuple = ()) -> Run:
+    """This rank's run of the plan in ``run_dir``: seeds set, the process group started (torchrun's env)."""
     from ktrain.resolve import prepare
-    from ktrain.run_dir import lock_workers
 
     rank, local_rank, world = distributed.rank_env()
     plan = prepare(run_dir / "config.yaml", world_size=world, with_defaults=True, extra_plugins=extra_plugins)
-    lock = lock_workers(run_dir)
     device = distributed.pick_device(local_rank)
     random.seed(plan.config.seed)  # Python's generator too: its state is part of every checkpoint
     torch.manual_seed(plan.config.seed)
     if plan.config.tf32 and device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    run = Run(
+    return Run(
         plan=plan,
         output_dir=run_dir,
         rank=rank,
@@ -324,11 +318,24 @@ def rank_main(run_dir: Path, resume: bool, extra_plugins: tuple = ()) -> dict[st
         device_mesh=distributed.init(plan.mesh, device),
         compute_dtype=compute_dtype(plan.config, device),
     )
+
+
+def rank_main(run_dir: Path, resume: bool, extra_plugins: tuple = ()) -> dict[str, float]:
+    """Everything one rank does: read the plan, start the process group, train, shut down.
+
+    ``extra_plugins`` are ``(name, object)`` pairs registered as if installed (benchmarks, tests).
+    Returns the final metrics.
+    """
+    from ktrain.run_dir import lock_workers
+
+    lock = lock_workers(run_dir)
     try:
-        return Trainer(run).fit(resume)
-    except BaseException as e:
-        run.hook.ktrain_on_exception(run=run, error=e)
-        raise
+        run = rank_run(run_dir, extra_plugins)
+        try:
+            return Trainer(run).fit(resume)
+        except BaseException as e:
+            run.hook.ktrain_on_exception(run=run, error=e)
+            raise
     finally:
         distributed.shutdown()
         lock.close()

@@ -1,0 +1,69 @@
+"""``ktrain bench --nproc-per-node``: the step timed on several ranks, here two CPU ranks over gloo.
+
+The report counts both ranks' tokens, gives tokens/s per device and MFU against both peaks, and its
+first loss is the token mean over both ranks' rows, which the test computes again with plain
+transformers from the same seed and the same random rows.
+"""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from ktrain.bench_rows import SyntheticRows
+from tests.kit import ktrain, model_dir, write_config
+from tests.test_bench import bench_json
+
+MICRO, ACCUMULATION, SEQUENCE, SEED, VOCAB = 2, 2, 32, 7, 100
+
+
+def _first_loss_over_both_ranks(model_folder: Path) -> float:
+    """Step 0's rows of both data-parallel ranks through the same randomly initialized model, one batch."""
+    config = types.SimpleNamespace(
+        micro_batch_size=MICRO, gradient_accumulation_steps=ACCUMULATION, sequence_len=SEQUENCE, seed=SEED
+    )
+    rows = SyntheticRows(VOCAB, config, dp_size=2).step(0)
+    ids = torch.tensor([list(row[0].input_ids) for rank in rows for micro in rank for row in micro], dtype=torch.long)
+    assert ids.shape == (2 * ACCUMULATION * MICRO, SEQUENCE)
+    torch.manual_seed(SEED)
+    model_config = transformers.AutoConfig.from_pretrained(model_folder)
+    model = transformers.AutoModelForCausalLM.from_config(model_config, attn_implementation="sdpa")
+    with torch.no_grad():
+        return float(model(input_ids=ids, labels=ids).loss)
+
+
+@pytest.mark.parametrize("layout", [{}, {"fsdp_version": 2}], ids=["ddp", "fsdp2"])
+def test_bench_on_two_ranks_counts_both_ranks_rows(layout: dict, tmp_path: Path) -> None:
+    folder = model_dir(tmp_path, vocab_size=VOCAB)
+    config = write_config(
+        tmp_path, datasets=[], sequence_len=SEQUENCE, micro_batch_size=MICRO,
+        gradient_accumulation_steps=ACCUMULATION, seed=SEED, **layout,
+    )  # fmt: skip
+    report, stdout = bench_json(tmp_path, str(config), "--steps", "2", "--warmup", "1", "--nproc-per-node", "2")
+    assert (report["ranks"], report["data_parallel"]) == (2, 2), report
+    side = report["ktrain"]
+    steps_tokens = side["tokens_per_s"] * side["step_s"]  # the tokens of one step: both ranks' rows
+    assert steps_tokens == pytest.approx(2 * ACCUMULATION * MICRO * SEQUENCE)
+    assert side["tokens_per_s_per_device"] == pytest.approx(side["tokens_per_s"] / 2)
+    peaks = 2 * report["peak_tflops"] * 1e12
+    assert side["mfu"] == pytest.approx(side["tokens_per_s"] * side["flops_per_token"] / peaks)
+    assert side["first_loss"] == pytest.approx(_first_loss_over_both_ranks(folder), rel=1e-4)
+    assert "on 2 ranks of CPU" in stdout and "tokens/s per device" in stdout, stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--nproc-per-node", "2", "--peer", "hf"), "--peer run in one process: drop them or --nproc-per-node"),
+        (("--nproc-per-node", "0"), "--nproc-per-node must be at least 1"),
+    ],
+)
+def test_bench_ranks_refuse_one_process_flags(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
+    model_dir(tmp_path, vocab_size=VOCAB)
+    config = write_config(tmp_path, datasets=[], sequence_len=SEQUENCE)
+    done = ktrain("bench", str(config), "--steps", "1", *args)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
