@@ -43,7 +43,9 @@ def test_agent_killed_in_a_save_orphans_a_rank_and_a_second_run_is_refused(refer
     root = reference.parent
     out = root / "orphaned"
     config = write_config(root, "orphaned.yaml", output_dir=str(out), **KEYS)
-    faults = "save-start:4:1:sleep=4,save-shards:4:1:sigkill-agent,save-shards:4:0:sleep=12"
+    # rank 1 holds the agent alive 15 s into the save (time for the second run to start on a loaded machine),
+    # then kills it; rank 0 stays in the save 25 s, an orphan holding the run directory for the third run
+    faults = "save-start:4:1:sleep=15,save-shards:4:1:sigkill-agent,save-shards:4:0:sleep=25"
     first = start("run", str(config), *TWO, log=root / "orphaned.log", env={"KTRAIN_FAULT": faults})
     staging = out / "checkpoints" / ".tmp-step-00000004"
     while not staging.exists() and first.poll() is None:
@@ -53,7 +55,7 @@ def test_agent_killed_in_a_save_orphans_a_rank_and_a_second_run_is_refused(refer
     assert first.wait(timeout=60) == -9  # the agent, killed
     code, log = run("run", str(config), "--resume", *TWO, log=root / "third.log")
     assert code == 2 and "ranks of an earlier run still hold" in log, log[-3000:]
-    wait_unlocked(out / WORKER_LOCK_FILE, timeout=12 + PG_TIMEOUT_S + 30)
+    wait_unlocked(out / WORKER_LOCK_FILE, timeout=25 + PG_TIMEOUT_S + 30)
     assert checkpoints(out) == [".tmp-step-00000004", "step-00000002"]
     code, log = run("run", str(config), "--resume", *TWO, log=root / "resumed.log")
     assert code == 0, log[-3000:]
