@@ -19,7 +19,7 @@ import torch
 import transformers
 import yaml
 
-from ktrain.bench import _prepare
+from ktrain.bench import bench_plan
 from ktrain.run.metrics import flops_per_token, non_embedding_params
 from tests.kit import REPO, dataset, ktrain, model_dir, write_config
 
@@ -191,7 +191,7 @@ def test_bench_counts_zero3_partitions_whole(tmp_path: Path) -> None:
 def test_bench_configs_check_on_random_tokens(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each bench config is a valid one-rank run for ``ktrain bench`` (random tokens: it has no datasets)."""
     monkeypatch.chdir(REPO)
-    plan, synthetic = _prepare(f"configs/bench/{name}", [], tmp_path, synthetic=False)
+    plan, synthetic = bench_plan(f"configs/bench/{name}", [], tmp_path, synthetic=False)
     assert synthetic and plan.mesh.world_size == 1
     sequence = 2048 if name.startswith("llama_8b") else 4096  # issue 7's QLoRA shape; issue 9's 1.5B shape
     assert (plan.config.sequence_len, plan.config.micro_batch_size, plan.config.bf16) == (sequence, 4, True)

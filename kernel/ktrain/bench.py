@@ -135,7 +135,7 @@ class BenchTrainer(Trainer):
         return loss_sum / max(trained, 1), inputs
 
 
-def _prepare(
+def bench_plan(
     config: str, overrides: list[str], run_dir: Path, synthetic: bool, world_size: int = 1
 ) -> tuple[Plan, bool]:
     """The checked plan for ``world_size`` ranks in ``run_dir``, and whether the rows are synthetic."""
@@ -271,7 +271,7 @@ def bench(
 ) -> dict[str, Any]:
     """Time the config's step in this process (and first the peer's); return the report ``ktrain bench`` prints."""
     with tempfile.TemporaryDirectory(prefix="ktrain-bench-") as tmp:
-        plan, synthetic = _prepare(config, overrides, Path(tmp), synthetic or bool(lengths))
+        plan, synthetic = bench_plan(config, overrides, Path(tmp), synthetic or bool(lengths))
         if lengths and not lengths[2]:  # the peer's micro batch defaults to the config's
             lengths = (lengths[0], lengths[1], plan.config.micro_batch_size)
         run = _run(plan, Path(tmp))
@@ -299,7 +299,8 @@ def measure(
     """Time the run's step on this rank, all ranks together (and first the peer's, in one process only).
 
     tokens/s counts the tokens of every rank; MFU divides by the ranks' peaks; the peak memory is the
-    largest of any rank. Every rank returns the same report.
+    largest of any rank, the losses are the token means over the global batch. Each rank times its own
+    wall clock between the barriers; ``ktrain.bench_ranks`` reports rank 0's.
     """
     from ktrain.bench_peer import describe, run_peer
 

@@ -30,13 +30,13 @@ class RanksFailed(RuntimeError):
 
 def bench_ranks(config: str, overrides: list[str], *, nproc: int, steps: int, warmup: int, synthetic: bool) -> dict:
     """Time the config's step on ``nproc`` ranks; return rank 0's report (``ConfigError`` before any rank starts)."""
-    from ktrain.bench import _prepare
+    from ktrain.bench import bench_plan
     from ktrain.launcher import EXIT_OK, run_ranks
     from ktrain.run_dir import write_run_files
 
     with tempfile.TemporaryDirectory(prefix="ktrain-bench-") as tmp:
         run_dir = Path(tmp)
-        plan, synthetic = _prepare(config, overrides, run_dir, synthetic, world_size=nproc)
+        plan, synthetic = bench_plan(config, overrides, run_dir, synthetic, world_size=nproc)
         write_run_files(run_dir, plan)
         worker = ["-m", "ktrain.bench_ranks", str(run_dir), config, "--steps", str(steps), "--warmup", str(warmup)]
         launch = argparse.Namespace(nnodes=1, max_restarts=0, rdzv_endpoint=None)
