@@ -1,6 +1,7 @@
 """Issue 10's two measures on a machine of several GPUs (or CPU ranks): loss parity and scaling.
 
-    python tools/device/multi_gpu.py parity CONFIG --nproc N [--layout KEY=VALUE ...] [--set KEY=VALUE ...]
+    python tools/device/multi_gpu.py parity CONFIG --nproc N [--layout KEY=VALUE ...] [--reference KEY=VALUE ...]
+        [--set KEY=VALUE ...]
     python tools/device/multi_gpu.py scaling CONFIG --nproc 1,2,4,8 [--set KEY=VALUE ...]
 
 Both run ``ktrain bench`` (synthetic rows) in fresh processes and print a table; ``--json FILE`` keeps it.
@@ -10,7 +11,9 @@ against the config alone on one rank with ``gradient_accumulation_steps`` multip
 data-parallel ranks. Both train the same global batch of the same rows: ``ktrain.bench_rows.SyntheticRows``
 lays a step's rows out rank by rank, then micro-batch by micro-batch, so the one-rank run's accumulation
 steps are the ranks' micro-batches in order. The first loss (before any update) and the last (after the
-warm-up and timed updates) must agree to ``--rtol``; ``--set`` keys go to both runs.
+warm-up and timed updates) must agree to ``--rtol``; ``--set`` keys go to both runs, ``--reference`` keys to
+the one-rank run only (a config that holds its own layout, such as configs/hsdp_tp.yaml, sets its mesh
+sizes back to 1 there).
 
 scaling: the config on each rank count of ``--nproc``, the global batch growing with the data-parallel
 ranks; tokens/s per device and its share of the one-rank figure (issue 10's target: at least 90% at 8 GPUs
@@ -46,7 +49,8 @@ def parity(args: argparse.Namespace) -> dict[str, Any]:
     """The layout on ``args.nproc`` ranks against one rank on the same global batch."""
     ranks = bench(args.config, args.nproc, [*args.set, *args.layout], args.steps, args.warmup)
     accumulation = ranks["gradient_accumulation_steps"] * ranks["data_parallel"]
-    one = bench(args.config, 1, [*args.set, f"gradient_accumulation_steps={accumulation}"], args.steps, args.warmup)
+    reference = [*args.set, *args.reference, f"gradient_accumulation_steps={accumulation}"]
+    one = bench(args.config, 1, reference, args.steps, args.warmup)
     rows = []
     for loss in ("first_loss", "last_loss"):
         theirs, ours = one["ktrain"][loss], ranks["ktrain"][loss]
@@ -89,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", type=Path, metavar="FILE")
         if name == "parity":
             p.add_argument("--layout", action="append", default=[], metavar="KEY=VALUE", help="the N-rank run's")
+            p.add_argument("--reference", action="append", default=[], metavar="KEY=VALUE", help="the 1-rank run's")
             p.add_argument("--rtol", type=float, default=1e-2)
     args = parser.parse_args(argv)
     if args.measure == "parity":

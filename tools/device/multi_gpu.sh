@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Issue 10 in one device call on a machine of several GPUs (nvidia-h200-x2/-x4/-x8): loss parity of every
 # parallel layout against one GPU, then tokens/s per GPU as the ranks grow, with tools/device/multi_gpu.py.
-# Results land in $OUT (at most 8 files come back: parity.txt, scaling.txt, and the JSON of each kept in
-# parity.jsonl / scaling.jsonl). Carry .whl (pluggy, attrs, cattrs, liger-kernel, deepspeed and its
+# Results land in $OUT (at most 8 files come back: parity.txt, seeds.txt, scaling.txt, and the JSON of
+# parity and scaling kept in parity.jsonl / scaling.jsonl). Carry .whl (pluggy, attrs, cattrs, liger-kernel, deepspeed and its
 # dependencies, bitsandbytes). NVLink multicast stays off (NCCL_NVLS_ENABLE=0), as the device README says.
-#   run: bash tools/device/multi_gpu.sh      (PARITY=0 or SCALING=0 skips a part; STEPS, WARMUP)
+#   run: bash tools/device/multi_gpu.sh      (PARITY=0, SEEDS=0 or SCALING=0 skips a part; STEPS, WARMUP)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -41,6 +41,19 @@ if [ "${PARITY:-1}" = 1 ]; then
     done
   done
 fi
+if [ "${SEEDS:-1}" = 1 ] && [ "$GPUS" -ge 8 ]; then  # the seed configs written for 8 GPUs: parity (tiny), then the 8B shapes train
+  python -c "from pathlib import Path; from ktrain.testing.assets import write_model_dir as w; w(Path('/tmp/qwen3'), model_type='qwen3', architectures=['Qwen3ForCausalLM'])"
+  timeout 600 p parity configs/hsdp_tp.yaml --nproc 8 --set base_model=configs/quickstart/model --set random_init_weights=true \
+    --layout dp_shard_size=2 --reference dp_shard_size=1 --reference dp_replicate_size=1 --reference tensor_parallel_size=1 \
+    --rtol 1e-2 --json /tmp/r.json >> "$OUT/seeds.txt" 2>&1; echo "$(date +%T) seed hsdp_tp parity rc=$?"
+  timeout 600 p parity configs/qwen3_fsdp_tp_cp.yaml --nproc 8 --set base_model=/tmp/qwen3 --set random_init_weights=true \
+    --reference dp_shard_size=1 --reference context_parallel_size=1 --reference tensor_parallel_size=1 \
+    --rtol 1e-2 --json /tmp/r.json >> "$OUT/seeds.txt" 2>&1; echo "$(date +%T) seed qwen3 parity rc=$?"
+  timeout 900 ktrain bench configs/hsdp_tp.yaml --nproc-per-node 8 --synthetic --set base_model=configs/bench/llama_8b \
+    --set random_init_weights=true --set dp_shard_size=2 --steps 5 --warmup 2 >> "$OUT/seeds.txt" 2>&1; echo "$(date +%T) seed hsdp_tp 8B rc=$?"
+  timeout 900 ktrain bench configs/qwen3_fsdp_tp_cp.yaml --nproc-per-node 8 --synthetic --set base_model=configs/bench/qwen3_8b \
+    --set random_init_weights=true --steps 5 --warmup 2 >> "$OUT/seeds.txt" 2>&1; echo "$(date +%T) seed qwen3 8B rc=$?"
+fi
 if [ "${SCALING:-1}" = 1 ]; then
   counts=$(python -c "print(','.join(str(n) for n in (1, 2, 4, 8) if n <= $GPUS))")
   big_counts=$(python -c "print(','.join(str(n) for n in (2, 4, 8) if n <= $GPUS))")  # 8B: 128 GB of state, not on one
@@ -53,4 +66,4 @@ if [ "${SCALING:-1}" = 1 ]; then
     echo "$(date +%T) scaling $name rc=$?"; cat /tmp/s.json >> "$OUT/scaling.jsonl" 2>/dev/null
   done
 fi
-tail -40 "$OUT/parity.txt" "$OUT/scaling.txt" 2>/dev/null
+tail -40 "$OUT/parity.txt" "$OUT/seeds.txt" "$OUT/scaling.txt" 2>/dev/null
