@@ -42,13 +42,15 @@ def _first_loss_over_the_ranks(model_folder: Path, dp_size: int) -> float:
     ids=["ddp", "fsdp2", "tp"],
 )
 def test_bench_on_two_ranks_counts_every_data_parallel_rank_s_rows(layout: dict, dp_size: int, tmp_path: Path) -> None:
-    """Under tensor parallelism both ranks train the same rows: one data-parallel rank, counted once."""
+    """Under tensor parallelism both ranks train the same rows: one data-parallel rank, counted once. That
+    config is given no --nproc-per-node: its mesh sizes ask for 2 ranks, and bench starts them."""
     folder = model_dir(tmp_path, vocab_size=VOCAB)
     config = write_config(
         tmp_path, datasets=[], sequence_len=SEQUENCE, micro_batch_size=MICRO,
         gradient_accumulation_steps=ACCUMULATION, seed=SEED, **layout,
     )  # fmt: skip
-    report, stdout = bench_json(tmp_path, str(config), "--steps", "2", "--warmup", "1", "--nproc-per-node", "2")
+    ranks = () if "tensor_parallel_size" in layout else ("--nproc-per-node", "2")
+    report, stdout = bench_json(tmp_path, str(config), "--steps", "2", "--warmup", "1", *ranks)
     assert (report["ranks"], report["data_parallel"]) == (2, dp_size), report
     side = report["ktrain"]
     steps_tokens = side["tokens_per_s"] * side["step_s"]  # the tokens of one step: both ranks' rows

@@ -136,14 +136,15 @@ class BenchTrainer(Trainer):
 
 
 def bench_plan(
-    config: str, overrides: list[str], run_dir: Path, synthetic: bool, world_size: int = 1
+    config: str, overrides: list[str], run_dir: Path, synthetic: bool, world_size: int | None = 1, warn: bool = True
 ) -> tuple[Plan, bool]:
-    """The checked plan for ``world_size`` ranks in ``run_dir``, and whether the rows are synthetic."""
+    """The checked plan for ``world_size`` ranks (None: what the mesh sizes ask) in ``run_dir``, and whether
+    the rows are synthetic; ``warn`` prints the check's warnings."""
     _, loaded = load_plugins_and_config(config, overrides)
     has_data = bool(loaded.datasets or loaded.pretraining_dataset)
     extra = [f"output_dir={run_dir}"] + ([] if has_data else [PLACEHOLDER_DATASETS])
     plan = prepare(config, [*overrides, *extra], world_size=world_size, with_defaults=True)
-    for problem in plan.warnings:
+    for problem in plan.warnings if warn else ():
         print(f"ktrain: warning: {problem}", file=sys.stderr)
     return plan, synthetic or not has_data
 
@@ -419,19 +420,24 @@ def bench_cli(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     flags = (("--peer", args.peer), ("--profile", args.profile), ("--lengths", lengths))
     one_process = [flag for flag, given in flags if given]
-    if args.nproc_per_node < 1:
+    nproc = args.nproc_per_node
+    if nproc is not None and nproc < 1:
         print("ktrain: --nproc-per-node must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.nproc_per_node > 1 and one_process:
+    if nproc is None:  # the ranks the config's mesh sizes ask for (tensor_parallel_size: 2 and the like), else 1
+        with tempfile.TemporaryDirectory(prefix="ktrain-bench-") as tmp:
+            plan, _ = bench_plan(args.config, args.overrides, Path(tmp), True, world_size=None, warn=False)
+            nproc = plan.mesh.world_size
+    if nproc > 1 and one_process:
         print(f"ktrain: {', '.join(one_process)} run in one process: drop them or --nproc-per-node", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        if args.nproc_per_node > 1:
+        if nproc > 1:
             from ktrain.bench_ranks import RanksFailed, bench_ranks
 
             try:
                 report = bench_ranks(
-                    args.config, args.overrides, nproc=args.nproc_per_node, steps=args.steps, warmup=args.warmup,
+                    args.config, args.overrides, nproc=nproc, steps=args.steps, warmup=args.warmup,
                     synthetic=args.synthetic,
                 )  # fmt: skip
             except RanksFailed as e:

@@ -109,9 +109,9 @@ def _configure_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--nproc-per-node",
         type=int,
-        default=1,
         metavar="N",
-        help="time the step on N ranks of this machine (N GPUs, or CPU ranks); without --peer, --profile, --lengths",
+        help="time the step on N ranks of this machine (N GPUs, or CPU ranks; default: what the config's mesh sizes "
+        "ask, else 1); without --peer, --profile, --lengths",
     )
 
 
