@@ -15,7 +15,8 @@ echo "$(date +%T) $GPUS GPUs"
 TINY=/tmp/tiny.yaml  # the quickstart's tiny Llama, random weights, fp32: parity to 1e-4
 printf 'base_model: configs/quickstart/model\nrandom_init_weights: true\nsequence_len: 256\nmicro_batch_size: 2\nseed: 0\n' > $TINY
 BIG="configs/bench/llama_1p5b.yaml --set micro_batch_size=1"  # issue 9's shape, bf16 autocast: parity to 1e-2
-# name|keys of the layout (N ranks); layouts needing more GPUs than there are are skipped
+# name|keys of the layout (N ranks only)|GPUs it needs (default 2)|keys of both runs (the adapter: the one-rank
+# reference trains the same adapter)
 LAYOUTS=(
   "fsdp2|fsdp_version=2"
   "hsdp|fsdp_version=2 dp_replicate_size=2|4"
@@ -25,14 +26,15 @@ LAYOUTS=(
   "zero1|deepspeed=zero1"
   "zero2|deepspeed=zero2"
   "zero3|deepspeed=zero3"
-  "fsdp2_qlora|fsdp_version=2 adapter=qlora lora_r=16 lora_alpha=32 lora_target_linear=true"
+  "fsdp2_qlora|fsdp_version=2||adapter=qlora lora_r=16 lora_alpha=32 lora_target_linear=true"
 )
 p() { python tools/device/multi_gpu.py "$@"; }
 if [ "${PARITY:-1}" = 1 ]; then
   for entry in "${LAYOUTS[@]}"; do
-    IFS='|' read -r name keys least <<< "$entry"
+    IFS='|' read -r name keys least both <<< "$entry"
     [ "$GPUS" -lt "${least:-2}" ] && { echo "skip $name: needs ${least} GPUs"; continue; }
     layout=(); for k in $keys; do layout+=(--layout "$k"); done
+    for k in ${both:-}; do layout+=(--set "$k"); done
     for model in tiny big; do
       if [ $model = tiny ]; then cfg=($TINY); tol=1e-4; else cfg=($BIG); tol=1e-2; fi
       timeout 600 p parity "${cfg[@]}" --nproc "$GPUS" "${layout[@]}" --rtol $tol --steps ${STEPS:-4} \
