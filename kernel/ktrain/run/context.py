@@ -40,6 +40,13 @@ class Run:
         return self.plan.config
 
     @property
+    def pad_id(self) -> int:
+        """The id that pads rows: the tokenizer's pad token, else 0 (also with no tokenizer, as ``ktrain bench``
+        on random tokens runs)."""
+        tokenizer = self.tokenizer
+        return tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
+
+    @property
     def mesh(self) -> MeshPlan:
         return self.plan.mesh
 

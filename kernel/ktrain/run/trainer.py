@@ -132,7 +132,7 @@ class Trainer:
 
     def _to_device(self, rows: list[list[Example]], packed: bool) -> dict[str, Any]:
         pad_to = self.config.sequence_len if self.config.pad_to_sequence_len else None
-        batch = collate(rows, self.pad_id, pad_to, self.attention if packed else None, self.run.device)
+        batch = collate(rows, self.run.pad_id, pad_to, self.attention if packed else None, self.run.device)
         return {
             k: v.to(self.run.device, non_blocking=True) if isinstance(v, torch.Tensor) else v.to(self.run.device)
             for k, v in batch.items()
@@ -190,7 +190,6 @@ class Trainer:
         """Train to the end (or from the latest checkpoint with ``resume``); return the final metrics."""
         run, config = self.run, self.config
         model, data = self._load()
-        self.pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
         self.dp_rank = run.dp_rank()
         self.plan = data.train
         total = self._total_steps(self.plan)

@@ -56,8 +56,7 @@ class Parallel:
             state.group = run.device_mesh["cp"].get_group()
             rank = run.device_mesh["cp"].get_local_rank()
         multiple = (2 * self.ranks if self.ranks > 1 else 1) * self.tp
-        tokenizer = run.tokenizer  # None under `ktrain bench` on random tokens: no tokenizer is loaded
-        pad_id = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
+        pad_id = run.pad_id
 
         def split_step(batch: dict[str, Any], num_items: float) -> Any:
             part, state.split = split_batch(batch, self.ranks, rank, multiple, pad_id)
