@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -71,20 +72,20 @@ def barrier() -> None:
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     """Sum ``values`` over all ranks (a no-op in one process: no round trip through the device)."""
+    return _all_reduce(values, device, dist.ReduceOp.SUM)
+
+
+def all_reduce_max(values: list[float], device: torch.device) -> list[float]:
+    """The largest of each of ``values`` over all ranks (``values`` themselves in one process)."""
+    return _all_reduce(values, device, dist.ReduceOp.MAX)
+
+
+def _all_reduce(values: list[float], device: torch.device, op: Any) -> list[float]:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return values
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+    dist.all_reduce(t, op=op)
     return t.tolist()
-
-
-def all_reduce_max(value: float, device: torch.device) -> float:
-    """The largest ``value`` of any rank (``value`` itself in one process)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t[0])
 
 
 def gather_lists(items: list[str]) -> list[str]:
