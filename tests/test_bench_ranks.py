@@ -65,7 +65,7 @@ def test_bench_on_two_ranks_counts_every_data_parallel_rank_s_rows(layout: dict,
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--nproc-per-node", "2", "--peer", "hf"), "--peer run in one process: drop them or --nproc-per-node"),
+        (("--nproc-per-node", "2", "--peer", "hf"), "--peer run in one process, and this run has 2 ranks"),
         (("--nproc-per-node", "0"), "--nproc-per-node must be at least 1"),
     ],
 )

@@ -48,7 +48,8 @@ from ktrain.resolve import Plan, load_plugins_and_config, prepare
 from ktrain.run import distributed
 from ktrain.run.context import Run
 from ktrain.run.metrics import flops_per_token, non_embedding_params, peak_flops
-from ktrain.run.trainer import Trainer
+from ktrain.run.trainer import Trainer, rank_run
+from ktrain.run_dir import write_run_files
 
 PLACEHOLDER_DATASETS = "datasets=[{path: ktrain-bench-synthetic-rows}]"
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -97,7 +98,6 @@ class BenchTrainer(Trainer):
 
             source = config.base_model_config or config.base_model
             vocab = transformers.AutoConfig.from_pretrained(source, trust_remote_code=config.trust_remote_code)
-            self.pad_id = 0
             if lengths:
                 ours, self.peer_rows = variable_length_rows(vocab.vocab_size, config, *lengths, steps=steps)
                 return TrainData(ours, [], config.sample_packing, False, [])
@@ -110,7 +110,6 @@ class BenchTrainer(Trainer):
         print("\n".join(data.summary), flush=True)
         if data.train.steps_per_epoch == 0:
             raise ConfigError.single("datasets", "fewer training rows than one global batch: nothing to time")
-        self.pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
         if isinstance(data.train, StreamRows):
             data.train = FetchedRows(data.train, steps)
         return data
@@ -136,26 +135,17 @@ class BenchTrainer(Trainer):
 
 
 def bench_plan(
-    config: str, overrides: list[str], run_dir: Path, synthetic: bool, world_size: int | None = 1, warn: bool = True
+    config: str, overrides: list[str], run_dir: Path, synthetic: bool, world_size: int | None = 1
 ) -> tuple[Plan, bool]:
     """The checked plan for ``world_size`` ranks (None: what the mesh sizes ask) in ``run_dir``, and whether
-    the rows are synthetic; ``warn`` prints the check's warnings."""
+    the rows are synthetic."""
     _, loaded = load_plugins_and_config(config, overrides)
     has_data = bool(loaded.datasets or loaded.pretraining_dataset)
     extra = [f"output_dir={run_dir}"] + ([] if has_data else [PLACEHOLDER_DATASETS])
     plan = prepare(config, [*overrides, *extra], world_size=world_size, with_defaults=True)
-    for problem in plan.warnings if warn else ():
+    for problem in plan.warnings:
         print(f"ktrain: warning: {problem}", file=sys.stderr)
     return plan, synthetic or not has_data
-
-
-def _run(plan: Plan, run_dir: Path) -> Run:
-    """The one rank of the bench, set up as ``rank_main`` sets up a rank."""
-    device = distributed.pick_device(0)
-    if plan.config.tf32 and device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    return Run.one_process(plan, run_dir, device, distributed.init(plan.mesh, device))
 
 
 def _side(
@@ -269,13 +259,29 @@ def bench(
     peer_variant: str,
     profile_to: Path | None = None,
     lengths: Lengths | None = None,
+    nproc: int | None = None,
 ) -> dict[str, Any]:
-    """Time the config's step in this process (and first the peer's); return the report ``ktrain bench`` prints."""
+    """Time the config's step on ``nproc`` ranks (None: as many as its mesh sizes ask, else 1), and first the
+    peer's (one process only); return the report ``ktrain bench`` prints."""
     with tempfile.TemporaryDirectory(prefix="ktrain-bench-") as tmp:
-        plan, synthetic = bench_plan(config, overrides, Path(tmp), synthetic or bool(lengths))
+        run_dir = Path(tmp)
+        plan, synthetic = bench_plan(config, overrides, run_dir, synthetic or bool(lengths), world_size=nproc)
+        ranks = plan.mesh.world_size
+        one_process = [
+            flag for flag, given in (("--peer", peer), ("--profile", profile_to), ("--lengths", lengths)) if given
+        ]
+        if ranks > 1 and one_process:
+            raise ConfigError.single(
+                "--nproc-per-node", f"{', '.join(one_process)} run in one process, and this run has {ranks} ranks"
+            )
+        write_run_files(run_dir, plan)
+        if ranks > 1:
+            from ktrain.bench_ranks import bench_ranks
+
+            return bench_ranks(run_dir, config, ranks, steps=steps, warmup=warmup, synthetic=synthetic)
         if lengths and not lengths[2]:  # the peer's micro batch defaults to the config's
             lengths = (lengths[0], lengths[1], plan.config.micro_batch_size)
-        run = _run(plan, Path(tmp))
+        run = rank_run(run_dir)  # the one rank, set up as a training rank is
         try:
             return measure(
                 run, config, steps=steps, warmup=warmup, synthetic=synthetic, peer=peer, peer_variant=peer_variant,
@@ -320,7 +326,7 @@ def measure(
         )
         held = reset_memory(run.device)
         timed, flops = run_peer(
-            cfg, rows, packed, trainer.pad_id, peer_pad_to, run.device, run.compute_dtype, peer_variant, warmup, steps
+            cfg, rows, packed, run.pad_id, peer_pad_to, run.device, run.compute_dtype, peer_variant, warmup, steps
         )
         name = f"peer {peer}: {describe(peer_variant, run.compute_dtype)}"
         report["peer"] = _side(name, timed, flops, peak, held, padding(rows, timed_steps, peer_pad_to))
@@ -328,7 +334,7 @@ def measure(
     torch.manual_seed(cfg.seed)
     timed, report["formula"] = _time_ktrain(trainer, data, warmup, steps, profile_to)
     if timed.peak_memory_gib is not None:
-        timed.peak_memory_gib = distributed.all_reduce_max(timed.peak_memory_gib, run.device)
+        (timed.peak_memory_gib,) = distributed.all_reduce_max([timed.peak_memory_gib], run.device)
     # each rank's loss is its share of the global token mean; ranks holding copies (tensor parallel) count once
     losses = distributed.all_reduce_sum([timed.first_loss, timed.last_loss], run.device)
     timed.first_loss, timed.last_loss = (loss / run.mesh.copies for loss in losses)
@@ -418,43 +424,27 @@ def bench_cli(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"ktrain: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    flags = (("--peer", args.peer), ("--profile", args.profile), ("--lengths", lengths))
-    one_process = [flag for flag, given in flags if given]
-    nproc = args.nproc_per_node
-    if nproc is not None and nproc < 1:
+    if args.nproc_per_node is not None and args.nproc_per_node < 1:
         print("ktrain: --nproc-per-node must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if nproc is None:  # the ranks the config's mesh sizes ask for (tensor_parallel_size: 2 and the like), else 1
-        with tempfile.TemporaryDirectory(prefix="ktrain-bench-") as tmp:
-            plan, _ = bench_plan(args.config, args.overrides, Path(tmp), True, world_size=None, warn=False)
-            nproc = plan.mesh.world_size
-    if nproc > 1 and one_process:
-        print(f"ktrain: {', '.join(one_process)} run in one process: drop them or --nproc-per-node", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    try:
-        if nproc > 1:
-            from ktrain.bench_ranks import RanksFailed, bench_ranks
+    from ktrain.bench_ranks import RanksFailed
 
-            try:
-                report = bench_ranks(
-                    args.config, args.overrides, nproc=nproc, steps=args.steps, warmup=args.warmup,
-                    synthetic=args.synthetic,
-                )  # fmt: skip
-            except RanksFailed as e:
-                print(e, file=sys.stderr)
-                return EXIT_FAILED
-        else:
-            report = bench(
-                args.config,
-                args.overrides,
-                steps=args.steps,
-                warmup=args.warmup,
-                synthetic=args.synthetic,
-                peer=args.peer,
-                peer_variant=args.peer_variant,
-                profile_to=args.profile,
-                lengths=lengths,
-            )
+    try:
+        report = bench(
+            args.config,
+            args.overrides,
+            steps=args.steps,
+            warmup=args.warmup,
+            synthetic=args.synthetic,
+            peer=args.peer,
+            peer_variant=args.peer_variant,
+            profile_to=args.profile,
+            lengths=lengths,
+            nproc=args.nproc_per_node,
+        )
+    except RanksFailed as e:
+        print(e, file=sys.stderr)
+        return EXIT_FAILED
     except (DataError, FileNotFoundError) as e:
         print(f"ktrain: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -1,8 +1,8 @@
 """``ktrain bench CONFIG --nproc-per-node N``: the config's step timed on N ranks of this machine.
 
-The parent checks the config for N ranks, writes the run's files into a temporary run directory and
-starts the ranks through ``torch.distributed.run``, as ``ktrain run`` does (a rank that fails stops the
-others, and the first error is named). Each rank builds the run as a training rank does, with the
+``ktrain.bench.bench`` checks the config for N ranks and writes the run's files into a temporary run
+directory; this module starts the ranks through ``torch.distributed.run``, as ``ktrain run`` does (a rank
+that fails stops the others, and the first error is named). Each rank builds the run as a training rank does, with the
 plugins' layout (FSDP2, HSDP, tensor or context parallelism, DeepSpeed ZeRO), and times the same steps
 as one process would (``ktrain.bench.measure``), the ranks meeting before and after them. Synthetic
 rows differ between the data-parallel ranks. Rank 0 writes the report, which the parent prints:
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +27,15 @@ class RanksFailed(RuntimeError):
     """A rank of ``ktrain bench --nproc-per-node`` failed; the launcher printed which, and its error."""
 
 
-def bench_ranks(config: str, overrides: list[str], *, nproc: int, steps: int, warmup: int, synthetic: bool) -> dict:
-    """Time the config's step on ``nproc`` ranks; return rank 0's report (``ConfigError`` before any rank starts)."""
-    from ktrain.bench import bench_plan
+def bench_ranks(run_dir: Path, config: str, nproc: int, *, steps: int, warmup: int, synthetic: bool) -> dict:
+    """Time the step of the run files in ``run_dir`` on ``nproc`` ranks; return rank 0's report."""
     from ktrain.launcher import EXIT_OK, run_ranks
-    from ktrain.run_dir import write_run_files
 
-    with tempfile.TemporaryDirectory(prefix="ktrain-bench-") as tmp:
-        run_dir = Path(tmp)
-        plan, synthetic = bench_plan(config, overrides, run_dir, synthetic, world_size=nproc)
-        write_run_files(run_dir, plan)
-        worker = ["-m", "ktrain.bench_ranks", str(run_dir), config, "--steps", str(steps), "--warmup", str(warmup)]
-        launch = argparse.Namespace(nnodes=1, max_restarts=0, rdzv_endpoint=None)
-        if run_ranks(nproc, launch, worker + (["--synthetic"] if synthetic else [])) != EXIT_OK:
-            raise RanksFailed(f"ktrain bench: a rank of {nproc} failed (above)")
-        return json.loads((run_dir / REPORT).read_text(encoding="utf-8"))
+    worker = ["-m", "ktrain.bench_ranks", str(run_dir), config, "--steps", str(steps), "--warmup", str(warmup)]
+    launch = argparse.Namespace(nnodes=1, max_restarts=0, rdzv_endpoint=None)
+    if run_ranks(nproc, launch, worker + (["--synthetic"] if synthetic else [])) != EXIT_OK:
+        raise RanksFailed(f"ktrain bench: a rank of {nproc} failed (above)")
+    return json.loads((run_dir / REPORT).read_text(encoding="utf-8"))
 
 
 @record
