@@ -86,6 +86,32 @@ print("ok")
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
+def test_the_engine_s_clipping_reaches_the_update() -> None:
+    """``Engine.step`` with ``max_grad_norm`` hands the clipping coefficient to ``scale_gradients``: the step
+    equals clipping fp32 copies of the gradients by the same norm, then fused AdamW, to the bit (CPU)."""
+    from ktrain.engine import Engine
+
+    weights = [torch.nn.Parameter(_pair(s)[0]) for s in range(3)]
+    model = torch.nn.ParameterList(weights)
+    fp32 = [torch.nn.Parameter(w.detach().float()) for w in weights]
+    kwargs = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0}
+    ours = MasterWeightAdamW(weights, **kwargs)
+    engine = Engine(model, model, ours, torch.optim.lr_scheduler.ConstantLR(ours, factor=1.0), max_grad_norm=0.5)
+    reference = torch.optim.AdamW(fp32, fused=True, **kwargs)
+    for w in weights:
+        w.grad = _pair(7)[1] * 4  # a norm far above 0.5: clipped
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(w.grad) for w in weights]))
+    coefficient = torch.clamp(0.5 / (total + 1e-6), max=1.0)
+    assert coefficient < 0.1
+    for w, f in zip(weights, fp32, strict=True):
+        f.grad = w.grad.float() * coefficient
+    norm = engine.step()
+    reference.step()
+    assert float(norm) == pytest.approx(float(total))
+    for w, f in zip(weights, fp32, strict=True):
+        assert torch.equal(ours.state[w]["master"], f.detach())
+
+
 def test_updates_below_bf16_rounding_add_up_in_the_masters() -> None:
     """A tiny learning rate: plain AdamW on bf16 weights never moves them; the masters move them."""
     start = torch.full((256,), 1.0, dtype=torch.bfloat16)

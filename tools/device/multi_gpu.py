@@ -66,16 +66,22 @@ def parity(args: argparse.Namespace) -> dict[str, Any]:
 def scaling(args: argparse.Namespace) -> dict[str, Any]:
     """tokens/s per device on each rank count, and its share of the one-rank figure."""
     counts = [int(n) for n in args.nproc.split(",")]
-    rows = []
-    for n in counts:
-        side = bench(args.config, n, args.set, args.steps, args.warmup)["ktrain"]
-        rows.append({"ranks": n, "tokens_per_s": side["tokens_per_s"], "per_device": side["tokens_per_s"] / n})
-        rows[-1]["mfu"], rows[-1]["peak_memory_gib"] = side["mfu"], side["peak_memory_gib"]
-    base = rows[0]["per_device"]
+    sides = [bench(args.config, n, args.set, args.steps, args.warmup)["ktrain"] for n in counts]
+    base = sides[0]["tokens_per_s_per_device"]
+    rows = [
+        {
+            "ranks": n,
+            "tokens_per_s": side["tokens_per_s"],
+            "per_device": side["tokens_per_s_per_device"],
+            "share": side["tokens_per_s_per_device"] / base,
+            "mfu": side["mfu"],
+            "peak_memory_gib": side["peak_memory_gib"],
+        }
+        for n, side in zip(counts, sides, strict=True)
+    ]
     print(f"{args.config} {' '.join(args.set)}")
     print(f"  {'ranks':>5} {'tokens/s':>10} {'per device':>11} {'of the first':>12}")
     for row in rows:
-        row["share"] = row["per_device"] / base
         print(f"  {row['ranks']:>5} {row['tokens_per_s']:>10,.0f} {row['per_device']:>11,.0f} {row['share']:>12.1%}")
     return {"set": args.set, "rows": rows}
 
