@@ -11,7 +11,7 @@
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/fsdp -e plugins/liger -e plugins/parallel -e plugins/deepspeed -e plugins/lora > "$OUT/pip.txt" 2>&1 || tail -5 "$OUT/pip.txt"
+python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s " plugins/*/) > "$OUT/pip.txt" 2>&1 || tail -5 "$OUT/pip.txt"
 mkdir -p "$OUT/b"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"

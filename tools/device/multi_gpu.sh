@@ -8,8 +8,7 @@
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.whl}"/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/fsdp -e plugins/liger -e plugins/parallel \
-  -e plugins/deepspeed -e plugins/lora > "$OUT/pip.txt" 2>&1 || tail -5 "$OUT/pip.txt"
+python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s " plugins/*/) > "$OUT/pip.txt" 2>&1 || tail -5 "$OUT/pip.txt"
 GPUS=$(nvidia-smi -L | wc -l)
 echo "$(date +%T) $GPUS GPUs"
 TINY=/tmp/tiny.yaml  # the quickstart's tiny Llama, random weights, fp32: parity to 1e-4

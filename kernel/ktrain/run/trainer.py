@@ -28,6 +28,7 @@ from ktrain.registry import collect
 from ktrain.run import checkpoints, distributed, nonfinite
 from ktrain.run.context import Run, compute_dtype
 from ktrain.run.faults import maybe_fault
+from ktrain.run.host_loss import HostLoss
 from ktrain.run.metrics import MetricsLog, flops_per_token, peak_flops, peak_memory_gib
 
 
@@ -145,17 +146,17 @@ class Trainer:
         input_tokens = sum(row_tokens(row) for rank in rows for micro in rank for row in micro)
         num_items = max(global_tokens, 1) / self.run.mesh.gradient_ranks
         mine = rows[self.dp_rank]
-        summed = []  # the micro-batches' losses stay on the device until the step's last backward is queued
+        losses = []  # each copied to the host once its forward is queued, read after the last backward is
         for k, micro in enumerate(mine):
             batch = self._to_device(micro, data.train_packed)
             with self.engine.accumulate(last=k == len(mine) - 1):
                 maybe_fault("forward", step + 1, self.run.rank)
                 with self._autocast():
                     loss = self.step_fn(batch, num_items)
+                losses.append(HostLoss(loss))
                 maybe_fault("backward", step + 1, self.run.rank)
                 self.engine.backward(loss)
-            summed.append(loss.detach().double())
-        loss_sum = float(torch.stack(summed).sum()) * num_items
+        loss_sum = sum(loss.read() for loss in losses) * num_items
         maybe_fault("optimizer", step + 1, self.run.rank)
         if nonfinite.skipped(self.run, self.engine, step + 1, loss_sum):  # NaN/inf on a rank: stop, or all skip
             self.grad_norm = math.nan

@@ -1,0 +1,1 @@
+"""ktrain-plugin-compile: torch.compile of each transformer block."""

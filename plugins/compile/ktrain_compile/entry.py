@@ -1,0 +1,55 @@
+"""Entry module of ktrain-plugin-compile: Axolotl's ``torch_compile`` keys, and the ``compile`` role.
+
+Imports nothing heavy: torch is imported by the runtime object, activated only when ``torch_compile`` is
+true, so that ``ktrain check`` stays light.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ktrain import hookimpl
+from ktrain.config.keys import key
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@attrs.define(kw_only=True)
+class CompileKeys:
+    """torch.compile of each transformer block: pointwise work fused into fewer kernels."""
+
+    torch_compile: bool = key(
+        False, "compile each transformer block's forward with torch.compile (the blocks' hooks stay eager)"
+    )
+    torch_compile_backend: str = key("inductor", "torch.compile's backend (torch._dynamo.list_backends())")
+    torch_compile_mode: str | None = key(None, f"torch.compile's mode: one of {', '.join(MODES)}")
+
+
+@hookimpl
+def ktrain_register_config(register) -> None:
+    register(CompileKeys)
+
+
+@hookimpl
+def ktrain_validate_config(config: Any, report: Any) -> None:
+    """A mode torch.compile does not have; the compile keys set without ``torch_compile``."""
+    if config.torch_compile_mode is not None and config.torch_compile_mode not in MODES:
+        report.error(
+            "torch_compile_mode", f"'{config.torch_compile_mode}' is not a mode of torch.compile ({', '.join(MODES)})"
+        )
+    if not config.torch_compile:
+        for name in ("torch_compile_backend", "torch_compile_mode"):
+            if config.is_set(name):
+                report.warn(name, "has no effect without torch_compile: true")
+
+
+@hookimpl
+def ktrain_activate(config: Any, activate) -> None:
+    """Compile the blocks, claiming ``compile``."""
+    if not config.torch_compile:
+        return
+    from ktrain_compile.runtime import BlockCompiler
+
+    activate(BlockCompiler(config), roles=("compile",), keys=("torch_compile",))
