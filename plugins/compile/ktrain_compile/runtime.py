@@ -15,6 +15,7 @@ import torch
 
 from ktrain import hookimpl
 from ktrain.config.report import ConfigError, Report
+from ktrain_compile.fuse_projections import FuseProjections
 
 
 def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -53,11 +54,14 @@ class BlockCompiler:
                 "torch_compile", f"{type(model).__name__} names no transformer blocks (_no_split_modules) to compile"
             )
             raise ConfigError(report)
-        mode = self.config.torch_compile_mode
+        backend, mode = self.config.torch_compile_backend, self.config.torch_compile_mode
+        fuse = backend == "inductor" and self.config.torch_compile_fuse_projections
+        if fuse:  # inductor's hook for a pass over each graph before autograd; this process compiles only blocks
+            from torch._inductor import config as inductor_config
+
+            inductor_config.pre_grad_custom_pass = FuseProjections()
         for block in found:
-            block.forward = torch.compile(block.forward, backend=self.config.torch_compile_backend, mode=mode)
+            block.forward = torch.compile(block.forward, backend=backend, mode=mode)
         if run.is_main:
-            print(
-                f"compile: {len(found)} {type(found[0]).__name__} blocks ({self.config.torch_compile_backend})",
-                flush=True,
-            )
+            fused = ", projections of one input fused" if fuse else ""
+            print(f"compile: {len(found)} {type(found[0]).__name__} blocks ({backend}{fused})", flush=True)
