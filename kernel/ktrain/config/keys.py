@@ -209,11 +209,6 @@ PLUGIN_KEYS: dict[str, tuple[str, ...]] = {
         "liger_flce_chunk_mem_const",
     ),
     "ktrain-plugin-parallel": ("sequence_parallel_degree", "heads_k_stride", "ring_attn_func"),
-    "ktrain-plugin-compile": (
-        "torch_compile",
-        "torch_compile_backend",
-        "torch_compile_mode",
-        "torch_compile_fuse_projections",
-    ),
+    "ktrain-plugin-compile": ("torch_compile", "torch_compile_backend", "torch_compile_mode"),
     "ktrain-plugin-tensorboard": ("use_tensorboard",),
 }

@@ -25,11 +25,6 @@ class CompileKeys:
     )
     torch_compile_backend: str = key("inductor", "torch.compile's backend (torch._dynamo.list_backends())")
     torch_compile_mode: str | None = key(None, f"torch.compile's mode: one of {', '.join(MODES)}")
-    torch_compile_fuse_projections: bool = key(
-        True,
-        "inductor only: the bias-free projections of one input (q/k/v, gate/up) as one matrix multiply; "
-        "the weights stay separate parameters",
-    )
 
 
 @hookimpl
@@ -45,7 +40,7 @@ def ktrain_validate_config(config: Any, report: Any) -> None:
             "torch_compile_mode", f"'{config.torch_compile_mode}' is not a mode of torch.compile ({', '.join(MODES)})"
         )
     if not config.torch_compile:
-        for name in ("torch_compile_backend", "torch_compile_mode", "torch_compile_fuse_projections"):
+        for name in ("torch_compile_backend", "torch_compile_mode"):
             if config.is_set(name):
                 report.warn(name, "has no effect without torch_compile: true")
 

@@ -15,7 +15,6 @@ import torch
 
 from ktrain import hookimpl
 from ktrain.config.report import ConfigError, Report
-from ktrain_compile.fuse_projections import FuseProjections
 
 
 def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -55,13 +54,7 @@ class BlockCompiler:
             )
             raise ConfigError(report)
         backend, mode = self.config.torch_compile_backend, self.config.torch_compile_mode
-        fuse = backend == "inductor" and self.config.torch_compile_fuse_projections
-        if fuse:  # inductor's hook for a pass over each graph before autograd; this process compiles only blocks
-            from torch._inductor import config as inductor_config
-
-            inductor_config.pre_grad_custom_pass = FuseProjections()
         for block in found:
             block.forward = torch.compile(block.forward, backend=backend, mode=mode)
         if run.is_main:
-            fused = ", projections of one input fused" if fuse else ""
-            print(f"compile: {len(found)} {type(found[0]).__name__} blocks ({backend}{fused})", flush=True)
+            print(f"compile: {len(found)} {type(found[0]).__name__} blocks ({backend})", flush=True)

@@ -17,7 +17,6 @@ import transformers
 from safetensors import safe_open
 from torch._dynamo.utils import counters
 
-from ktrain_compile.fuse_projections import FuseProjections
 from ktrain_compile.runtime import BlockCompiler
 from tests.kit import dataset, ktrain, model_dir, records, write_config
 
@@ -61,34 +60,6 @@ def test_the_blocks_share_one_graph_and_keep_their_names() -> None:
         assert torch.equal(a.grad, b.grad), name
 
 
-def test_the_projections_of_one_input_become_one_product() -> None:
-    """q/k/v and gate/up: 7 linears a block become 4; the same loss and gradients (the pass runs on the
-    captured graph, then the graph runs eagerly: the pass alone is tested, inductor's kernels on a GPU)."""
-    torch.manual_seed(0)
-    eager = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**TINY))
-    model = copy.deepcopy(eager)
-    counts = []
-
-    def fusing_backend(gm: torch.fx.GraphModule, example_inputs):
-        linears = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is torch._C._nn.linear]
-        FuseProjections()(gm.graph)
-        gm.recompile()
-        counts.append((len(linears), sum(n.target is torch.nn.functional.linear for n in gm.graph.nodes)))
-        return gm.forward
-
-    torch._dynamo.reset()
-    for block in model.model.layers:
-        block.forward = torch.compile(block.forward, backend=fusing_backend)
-    ids = torch.randint(0, 100, (2, 12))
-    losses = [m(input_ids=ids, labels=ids).loss for m in (eager, model)]
-    for loss in losses:
-        loss.backward()
-    assert counts == [(7, 4)]  # one capture for the three blocks
-    assert losses[1].item() == pytest.approx(losses[0].item(), rel=1e-6)
-    for (name, a), b in zip(eager.named_parameters(), model.parameters(), strict=True):
-        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-7, msg=name)
-
-
 def test_a_model_without_blocks_is_named() -> None:
     from ktrain.config.report import ConfigError
 
@@ -118,6 +89,25 @@ def test_training_with_compiled_blocks_matches_eager(root: Path) -> None:
         with safe_open(root / name / "final" / "model.safetensors", "pt") as f:
             tensors[name] = sorted(f.keys())
     assert tensors["compiled"] == tensors["eager"]
+
+
+def test_fsdp2_and_checkpointing_run_around_the_compiled_blocks(root: Path) -> None:
+    """FSDP2 on 2 ranks with activation checkpointing: its hooks stay eager around the compiled forward,
+    and the losses equal the uncompiled run's to the bit."""
+    pytest.importorskip("ktrain_fsdp")
+    common = {
+        "micro_batch_size": 2,
+        "gradient_accumulation_steps": 2,
+        "fsdp_version": 2,
+        "fsdp_config": {"activation_checkpointing": True},
+    }
+    runs = {}
+    for name, keys in (("eager", {}), ("compiled", {"torch_compile": True, "torch_compile_backend": "aot_eager"})):
+        config = write_config(root, f"{name}.yaml", output_dir=str(root / name), **common, **keys)
+        done = ktrain("run", str(config), "--nproc-per-node", "2")
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[name] = records(root / name)
+    assert len(runs["eager"]) == 6 and runs["compiled"] == runs["eager"]
 
 
 def test_bad_keys_stop_before_training(root: Path) -> None:
