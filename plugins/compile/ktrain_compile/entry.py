@@ -14,6 +14,9 @@ from ktrain import hookimpl
 from ktrain.config.keys import key
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# mesh sizes (the kernel's two, the parallel plugin's Ulysses degree) under which compiled blocks are refused:
+# with tensor_parallel_size 2 the compiled blocks' gradients differed from eager ones (docs: plugins/compile)
+PARALLEL_SIZES = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree")
 
 
 @attrs.define(kw_only=True)
@@ -34,12 +37,21 @@ def ktrain_register_config(register) -> None:
 
 @hookimpl
 def ktrain_validate_config(config: Any, report: Any) -> None:
-    """A mode torch.compile does not have; the compile keys set without ``torch_compile``."""
+    """A mode torch.compile does not have; compiled blocks with tensor, context or sequence parallelism; the
+    compile keys set without ``torch_compile``."""
     if config.torch_compile_mode is not None and config.torch_compile_mode not in MODES:
         report.error(
             "torch_compile_mode", f"'{config.torch_compile_mode}' is not a mode of torch.compile ({', '.join(MODES)})"
         )
-    if not config.torch_compile:
+    if config.torch_compile:
+        for name in PARALLEL_SIZES:
+            if (getattr(config, name, None) or 1) > 1:
+                report.error(
+                    "torch_compile",
+                    f"is not supported with {name} > 1 yet: under tensor parallelism the compiled blocks' gradients "
+                    "differ from eager ones; remove torch_compile or the parallel size",
+                )
+    else:
         for name in ("torch_compile_backend", "torch_compile_mode"):
             if config.is_set(name):
                 report.warn(name, "has no effect without torch_compile: true")

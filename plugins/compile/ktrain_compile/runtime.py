@@ -2,9 +2,9 @@
 
 Only the block's ``forward`` is replaced (an instance attribute), not the module: parameter names, the
 state dict and checkpoints stay as they were, and the hooks that other plugins put on the block (FSDP2's
-gathers, activation checkpointing, tensor parallelism's redistribution) run around the compiled code,
-eagerly. The blocks share one compiled graph: dynamo treats the parameters of a built-in module as inputs,
-so the second block of the same class reuses the first one's code (checked by the plugin's tests).
+gathers, activation checkpointing) run around the compiled code, eagerly. The blocks share one compiled
+graph: dynamo treats the parameters of a built-in module as inputs, so the second block of the same class
+reuses the first one's code (checked by the plugin's tests).
 """
 
 from __future__ import annotations

@@ -115,6 +115,10 @@ def test_bad_keys_stop_before_training(root: Path) -> None:
     done = ktrain("check", str(config))
     assert done.returncode == 2
     assert "torch_compile_mode: 'fastest' is not a mode of torch.compile" in done.stderr
+    config = write_config(root, torch_compile=True, tensor_parallel_size=2, fsdp_version=2)
+    done = ktrain("check", str(config), "--world-size", "2")
+    assert done.returncode == 2
+    assert "torch_compile: is not supported with tensor_parallel_size > 1 yet" in done.stderr
     config = write_config(root, torch_compile_backend="aot_eager")
     done = ktrain("check", str(config))
     assert (
