@@ -32,6 +32,17 @@ from ktrain.run.host_loss import HostLoss
 from ktrain.run.metrics import MetricsLog, flops_per_token, peak_flops, peak_memory_gib
 
 
+def to_device(value: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``value`` copied to ``device``; on CUDA from pinned memory, so the host queues the copy and goes on.
+
+    A copy from ordinary (pageable) memory first waits for all work already queued on the device, which
+    would stop the host from queuing the next step while the device finishes this one.
+    """
+    if device.type == "cuda" and value.device.type == "cpu":
+        value = value.pin_memory()
+    return value.to(device, non_blocking=True)
+
+
 def chain(run: Run, hook_name: str, value_name: str, value: Any, **kwargs: Any) -> Any:
     """Call a transforming hook on each plugin in turn, each getting the previous result (None keeps it)."""
     for impl in reversed(getattr(run.hook, hook_name).get_hookimpls()):
@@ -122,7 +133,7 @@ class Trainer:
     # ---------------------------------------------------------------- steps
 
     def _forward(self, batch: dict[str, torch.Tensor], num_items: float) -> torch.Tensor:
-        out = self.engine.module(**batch, num_items_in_batch=torch.tensor(num_items, device=self.run.device))
+        out = self.engine.module(**batch, num_items_in_batch=to_device(torch.tensor(num_items), self.run.device))
         return out.loss
 
     def _autocast(self) -> Any:
@@ -135,7 +146,7 @@ class Trainer:
         pad_to = self.config.sequence_len if self.config.pad_to_sequence_len else None
         batch = collate(rows, self.run.pad_id, pad_to, self.attention if packed else None, self.run.device)
         return {
-            k: v.to(self.run.device, non_blocking=True) if isinstance(v, torch.Tensor) else v.to(self.run.device)
+            k: to_device(v, self.run.device) if isinstance(v, torch.Tensor) else v.to(self.run.device)
             for k, v in batch.items()
         }
 
@@ -167,6 +178,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, eval_set: list[list[Example]], packed: bool) -> float:
         """Token-mean loss over the held-out rows, shared out over the data-parallel ranks."""
+        self.engine.wait_for_update()
         self.engine.train(False)
         mine = eval_set[self.dp_rank :: self.plan.dp_size]
         size = self.config.eval_batch_size or self.config.micro_batch_size
@@ -235,12 +247,16 @@ class Trainer:
         seq_flops = flops_per_token(self.engine.model, config.sequence_len)
         peak = peak_flops(run.device)
         run.hook.ktrain_on_train_start(run=run, engine=self.engine)
+        # plugins that see every step may read the weights: they wait for an update left running beside the step
+        observed = bool(run.hook.ktrain_on_step_end.get_hookimpls() or run.hook.ktrain_collect_metrics.get_hookimpls())
         self.engine.train(True)
         window_loss = window_tokens = window_inputs = 0.0
         window_start, last_saved, metrics = time.perf_counter(), start, {}
         for step in range(start, total):
             run.step = step + 1
             loss_sum, tokens, inputs = self._train_step(step, data)
+            if observed:
+                self.engine.wait_for_update()
             window_loss += loss_sum
             window_tokens += tokens
             window_inputs += inputs
@@ -279,6 +295,7 @@ class Trainer:
 
     def _export(self) -> None:
         run = self.run
+        self.engine.wait_for_update()
         staging, final = run.output_dir / ".tmp-final", run.output_dir / "final"
         if run.is_main and staging.exists():
             shutil.rmtree(staging)
