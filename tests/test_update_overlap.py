@@ -112,6 +112,4 @@ def test_a_run_with_overlap_matches_one_without_and_checkpoints_the_same(tmp_pat
         plain, overlapped = (load_file(outs[name] / file) for name in ("plain", "overlap"))
         assert plain.keys() == overlapped.keys() and all(torch.equal(plain[k], overlapped[k]) for k in plain)
     states = [torch.load(outs[n] / "checkpoints/step-00000003/optimizer.pt", weights_only=True) for n in outs]
-    assert all(
-        torch.equal(a[k], b[k]) for a, b in zip(*(s["state"].values() for s in states), strict=True) for k in a
-    )
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(*(s["state"].values() for s in states), strict=True) for k in a)
