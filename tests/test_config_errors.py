@@ -141,17 +141,6 @@ CASES = [
     Case("warmup_ratio_range", BASE + "warmup_ratio: 1.5\n", ("warmup_ratio:", "[0, 1)")),
     Case("bf16_and_fp16", BASE + "bf16: true\nfp16: true\n", ("bf16:", "fp16")),
     Case("bfloat16_and_fp16", BASE + "bfloat16: true\nfp16: true\n", ("bfloat16:", "choose one")),
-    Case("overlap_without_master", BASE + "optimizer_overlap: true\n", ("optimizer_overlap:", "not of adamw_torch")),
-    Case(
-        "overlap_with_fsdp",
-        BASE + "bfloat16: true\noptimizer: adamw_fp32_master\noptimizer_overlap: true\nfsdp_version: 2\n",
-        ("optimizer_overlap:", "unsharded weights only", "a sharding plugin"),
-    ),
-    Case(
-        "overlap_with_cp",
-        BASE + "bfloat16: true\noptimizer: adamw_fp32_master\noptimizer_overlap: true\ncontext_parallel_size: 2\n",
-        ("optimizer_overlap:", "context or sequence parallelism"),
-    ),
     Case("save_steps_and_per_epoch", BASE + "save_steps: 10\nsaves_per_epoch: 2\n", ("saves_per_epoch:", "not both")),
     Case(
         "flash_attention_vs_eager",

@@ -100,16 +100,6 @@ class Engine:
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
-    def wait_for_update(self) -> None:
-        """Make the current stream wait for an update that ``step`` left running on another stream.
-
-        Under ``optimizer_overlap`` the update runs beside the next forward, which waits for each weight as
-        it reads it; what reads the weights otherwise (plugins' step hooks) calls this first.
-        """
-        wait = getattr(self.optimizer, "wait_for_update", None)
-        if wait is not None:
-            wait()
-
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state on CPU, on rank 0 at least (export calls it on every rank)."""
         return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}

@@ -128,13 +128,6 @@ def _plan_mesh(plugins: Plugins, config: Config, world_size: int | None, report:
             "sharding needs a sharding plugin: set fsdp_version/fsdp_config (ktrain-plugin-fsdp) or deepspeed "
             "(ktrain-plugin-deepspeed); for plain data parallel use dp_replicate_size",
         )
-    named = {"tp": "tensor parallelism", "cp": "context or sequence parallelism"}
-    clashing = [name for dim, name in named.items() if sizes[dim] != 1] + (["a sharding plugin"] if sharded else [])
-    if config.optimizer_overlap and clashing:
-        report.error(
-            "optimizer_overlap",
-            f"runs beside the forward of unsharded weights only, not with {' or '.join(clashing)}; remove one of them",
-        )
     for dim, size in sizes.items():
         if dim.startswith("dp_") or not (size > 1 or size == -1):
             continue

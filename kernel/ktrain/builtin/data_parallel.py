@@ -27,13 +27,4 @@ class DataParallel:
             group = submesh(run.device_mesh, dims).get_group() if run.mesh.copies > 1 else None
             module = DistributedDataParallel(model, device_ids=ids, process_group=group)
         optimizer = build_optimizer(param_groups(model, self.config.weight_decay))
-        if self.config.optimizer_overlap:
-            if not hasattr(optimizer, "overlap_with"):
-                raise ValueError(
-                    f"optimizer_overlap: {type(optimizer).__name__} cannot run its update on another stream"
-                )
-            if run.device.type == "cuda":
-                optimizer.overlap_with(model, run.device)
-            elif run.is_main:
-                print("optimizer_overlap: no CUDA device, so the update runs within the step", flush=True)
         return DataParallelEngine(module, model, optimizer, build_lr_scheduler(optimizer), self.config.max_grad_norm)

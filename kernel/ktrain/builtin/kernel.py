@@ -70,8 +70,6 @@ def ktrain_validate_config(config: Any, report: Any) -> None:
             "adamw_fp32_master keeps fp32 masters of bf16 weights; set bfloat16: true "
             "(with fp32 weights, adamw_torch_fused is the same update)",
         )
-    if config.optimizer_overlap and config.optimizer != "adamw_fp32_master":
-        report.error("optimizer_overlap", f"overlaps the update of adamw_fp32_master, not of {config.optimizer}")
     if config.gradient_checkpointing_kwargs and not config.gradient_checkpointing:
         report.warn("gradient_checkpointing_kwargs", "has no effect while gradient_checkpointing is false")
     for name in sorted(set(config.special_tokens or {}) - set(SPECIAL_TOKENS)):

@@ -46,8 +46,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
     masters are optimizer state, so checkpoints hold them and a resume is exact. Sharded weights
     (FSDP2's DTensors) get sharded masters and moments; the update runs on the local shards. Gradient
     clipping hands its coefficient to ``scale_gradients`` and the update applies it as it reads each
-    gradient, which saves the clipping's own pass over the gradients. With ``overlap_with`` (the key
-    ``optimizer_overlap``) the update runs on a second CUDA stream beside the next forward.
+    gradient, which saves the clipping's own pass over the gradients.
     """
 
     CHUNK = 1 << 26  # fp32 gradient elements made at a time (256 MiB)
@@ -55,7 +54,6 @@ class MasterWeightAdamW(torch.optim.Optimizer):
     def __init__(self, params: Any, lr: float, betas: tuple[float, float], eps: float, weight_decay: float = 0.0):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.grad_scale: torch.Tensor | None = None
-        self.overlap: Any = None
 
     def scale_gradients(self, scale: torch.Tensor) -> None:
         """Multiply the gradients by ``scale`` (a 0-d tensor, e.g. the clipping coefficient) in the next step."""
@@ -72,7 +70,6 @@ class MasterWeightAdamW(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the state; the masters, moments and steps stay fp32 (torch casts state to the weight's dtype)."""
-        self.wait_for_update()
         super().load_state_dict(state_dict)
         ids = [i for group in state_dict["param_groups"] for i in group["params"]]
         params = [p for group in self.param_groups for p in group["params"]]
@@ -80,52 +77,19 @@ class MasterWeightAdamW(torch.optim.Optimizer):
             if i in state_dict["state"]:
                 self.state[p] = {k: v.to(p.device, copy=True) for k, v in state_dict["state"][i].items()}
 
-    def overlap_with(self, model: torch.nn.Module, device: torch.device) -> None:
-        """Run each update on a second CUDA stream beside the next forward (``optimizer_overlap``).
-
-        ``model`` is what the forward runs; its blocks wait for their own weights (``update_overlap``).
-        Its weights must be plain tensors (not the DTensors of a sharding or tensor-parallel plugin).
-        """
-        from ktrain.builtin.update_overlap import UpdateOverlap
-
-        params = [p for group in self.param_groups for p in group["params"]]
-        if any(isinstance(p, DTensor) for p in params):
-            raise ValueError("optimizer_overlap: the weights are sharded (DTensors); it runs on unsharded ones only")
-        self.overlap = UpdateOverlap(model, params, device)
-
-    def wait_for_update(self) -> None:
-        """Make the current stream wait for an update still running beside it (no-op without overlap)."""
-        if self.overlap is not None:
-            self.overlap.wait()
-
-    def state_dict(self) -> dict[str, Any]:
-        """The state (masters, moments, steps), once the update writing it is done."""
-        self.wait_for_update()
-        return super().state_dict()
-
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:
         """Update the masters from the bf16 gradients and round them into the weights."""
         if closure is not None:
             raise ValueError("adamw_fp32_master takes no closure")
         scale, self.grad_scale = self.grad_scale, None
-        work = [
-            (group, p, self._state(p)) for group in self.param_groups for p in group["params"] if p.grad is not None
-        ]
-        if not work:
-            return
-        if self.overlap is None:
-            self._update(work, scale)
-        else:
-            read = [p.grad for _, p, _ in work] + ([scale] if scale is not None else [])
-            self.overlap.run(work, lambda part: self._update(part, scale), read)
-
-    def _update(self, work: list[tuple[dict, torch.Tensor, dict]], scale: torch.Tensor | None) -> None:
-        """One step of the weights in ``work`` (group, weight, state), on the current stream."""
-        torch._foreach_add_([state["step"] for _, _, state in work], 1)
-        rows = [
-            (
-                group,
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            states = [self._state(p) for p in params]
+            if not params:
+                continue
+            torch._foreach_add_([s["step"] for s in states], 1)
+            rows = [
                 [
                     _local(p),
                     _local(s["master"]),
@@ -133,21 +97,17 @@ class MasterWeightAdamW(torch.optim.Optimizer):
                     _local(s["exp_avg"]),
                     _local(s["exp_avg_sq"]),
                     s["step"],
-                ],
-            )
-            for group, p, s in work
-        ]
-        if rows[0][1][0].device.type == "cuda" and TRITON and all(t.is_contiguous() for _, row in rows for t in row):
-            from ktrain.builtin import master_weights_triton
+                ]
+                for p, s in zip(params, states, strict=True)
+            ]
+            if params[0].device.type == "cuda" and TRITON and all(t.is_contiguous() for row in rows for t in row):
+                from ktrain.builtin import master_weights_triton
 
-            # largest first: while the device works through them, the host gets ahead with the small ones
-            for group, row in sorted(rows, key=lambda item: -item[1][0].numel()):
-                master_weights_triton.update(*row, scale, group)
-        else:
-            for group in self.param_groups:
-                mine = [row for g, row in rows if g is group]
-                if mine:
-                    self._fused_update(group, mine, scale)
+                # largest first: while the device works through them, the host gets ahead with the small ones
+                for row in sorted(rows, key=lambda row: -row[0].numel()):
+                    master_weights_triton.update(*row, scale, group)
+            else:
+                self._fused_update(group, rows, scale)
 
     def _fused_update(self, group: dict, rows: list[list[torch.Tensor]], scale: torch.Tensor | None) -> None:
         """``torch._fused_adamw_`` on the masters, ``CHUNK`` elements of fp32 gradients at a time."""

@@ -121,11 +121,6 @@ class OptimizerKeys:
     adam_beta2: float = key(0.999, "Adam beta2")
     adam_epsilon: float = key(1e-8, "Adam epsilon")
     max_grad_norm: float | None = key(1.0, "clip the global gradient norm to this; null for no clipping")
-    optimizer_overlap: bool = key(
-        False,
-        "adamw_fp32_master on CUDA: run the update on a second stream beside the next forward, each block "
-        "waiting for its own weights (one process or DDP; not with sharding or tensor/context/sequence parallelism)",
-    )
     lr_scheduler: str = key("cosine", "schedule name: cosine, linear, constant, constant_with_warmup")
     warmup_steps: int | None = key(None, "steps of linear warm-up")
     warmup_ratio: float | None = key(None, "warm-up as a share of all steps")

@@ -178,7 +178,6 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, eval_set: list[list[Example]], packed: bool) -> float:
         """Token-mean loss over the held-out rows, shared out over the data-parallel ranks."""
-        self.engine.wait_for_update()
         self.engine.train(False)
         mine = eval_set[self.dp_rank :: self.plan.dp_size]
         size = self.config.eval_batch_size or self.config.micro_batch_size
@@ -247,16 +246,12 @@ class Trainer:
         seq_flops = flops_per_token(self.engine.model, config.sequence_len)
         peak = peak_flops(run.device)
         run.hook.ktrain_on_train_start(run=run, engine=self.engine)
-        # plugins that see every step may read the weights: they wait for an update left running beside the step
-        observed = bool(run.hook.ktrain_on_step_end.get_hookimpls() or run.hook.ktrain_collect_metrics.get_hookimpls())
         self.engine.train(True)
         window_loss = window_tokens = window_inputs = 0.0
         window_start, last_saved, metrics = time.perf_counter(), start, {}
         for step in range(start, total):
             run.step = step + 1
             loss_sum, tokens, inputs = self._train_step(step, data)
-            if observed:
-                self.engine.wait_for_update()
             window_loss += loss_sum
             window_tokens += tokens
             window_inputs += inputs
@@ -295,7 +290,6 @@ class Trainer:
 
     def _export(self) -> None:
         run = self.run
-        self.engine.wait_for_update()
         staging, final = run.output_dir / ".tmp-final", run.output_dir / "final"
         if run.is_main and staging.exists():
             shutil.rmtree(staging)

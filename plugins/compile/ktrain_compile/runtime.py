@@ -15,7 +15,14 @@ import torch
 
 from ktrain import hookimpl
 from ktrain.config.report import ConfigError, Report
-from ktrain.model_blocks import transformer_blocks
+
+
+def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's transformer blocks: the modules whose class is in one of its ``_no_split_modules``."""
+    names = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    return [module for module in model.modules() if type(module).__name__ in names]
 
 
 class BlockCompiler:
@@ -39,7 +46,7 @@ class BlockCompiler:
     @hookimpl(trylast=True)
     def ktrain_parallelize(self, model: torch.nn.Module, run: Any) -> None:
         """Replace each block's forward by its compiled version (last: after the other plugins' plans)."""
-        found = transformer_blocks(model)
+        found = blocks(model)
         if not found:
             report = Report(self.config.source)
             report.error(
