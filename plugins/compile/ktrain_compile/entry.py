@@ -44,12 +44,12 @@ def ktrain_validate_config(config: Any, report: Any) -> None:
             "torch_compile_mode", f"'{config.torch_compile_mode}' is not a mode of torch.compile ({', '.join(MODES)})"
         )
     if config.torch_compile:
-        for name in PARALLEL_SIZES:
-            if (getattr(config, name, None) or 1) > 1:
+        for name in PARALLEL_SIZES:  # -1 (the rest of the ranks) is a parallel size too
+            if getattr(config, name, None) not in (None, 1):
                 report.error(
                     "torch_compile",
-                    f"is not supported with {name} > 1 yet: under tensor parallelism the compiled blocks' gradients "
-                    "differ from eager ones; remove torch_compile or the parallel size",
+                    f"is not supported with {name} other than 1 yet (under tensor parallelism the compiled blocks' "
+                    "gradients differed from eager ones); remove torch_compile or the parallel size",
                 )
     else:
         for name in ("torch_compile_backend", "torch_compile_mode"):

@@ -118,7 +118,11 @@ def test_bad_keys_stop_before_training(root: Path) -> None:
     config = write_config(root, torch_compile=True, tensor_parallel_size=2, fsdp_version=2)
     done = ktrain("check", str(config), "--world-size", "2")
     assert done.returncode == 2
-    assert "torch_compile: is not supported with tensor_parallel_size > 1 yet" in done.stderr
+    assert "torch_compile: is not supported with tensor_parallel_size other than 1 yet" in done.stderr
+    config = write_config(root, torch_compile=True, context_parallel_size=-1, fsdp_version=2)
+    done = ktrain("check", str(config), "--world-size", "2")
+    assert done.returncode == 2
+    assert "torch_compile: is not supported with context_parallel_size other than 1 yet" in done.stderr
     config = write_config(root, torch_compile_backend="aot_eager")
     done = ktrain("check", str(config))
     assert (
