@@ -229,12 +229,16 @@ def test_bench_on_a_gpu_frees_the_peer_first(tmp_path: Path) -> None:
 
 def test_trace_summary_counts_busy_time_kinds_and_idle_gaps(tmp_path: Path) -> None:
     """tools/device/trace_summary.py on a made-up trace: overlapping kernels count once, kinds by name,
-    a gap over 0.3 ms is listed with the kernel after it, and host events are left out."""
+    a gap over 0.3 ms is listed with the kernel after it and what the host was in, and host events are left
+    out of the device's time."""
     events = [
         {"cat": "kernel", "name": "nvjet_sm90_gemm", "ts": 0, "dur": 1000},
         {"cat": "kernel", "name": "cudnn_generated_sdpa_fprop", "ts": 500, "dur": 1000},  # overlaps the first
         {"cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "ts": 2000, "dur": 100},
         {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},
+        {"cat": "cpu_op", "name": "aten::item", "ts": 1400, "dur": 300},
+        {"cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 1450, "dur": 200},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1800, "dur": 10},
     ]
     trace = tmp_path / "t.json.gz"
     trace.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
@@ -246,4 +250,6 @@ def test_trace_summary_counts_busy_time_kinds_and_idle_gaps(tmp_path: Path) -> N
     assert "1.0 ms/step  matrix multiplies" in out.stdout and "1.0 ms/step  attention" in out.stdout
     assert "0.1 ms/step  copies, casts and sets" in out.stdout
     assert "idle gaps over 0.3 ms: 1, 0.5 ms in all (0.5 ms a step)" in out.stdout
-    assert "0.50 ms at 1.5 ms, before Memcpy HtoD" in out.stdout
+    assert "0.50 ms at 1.5 ms, before Memcpy HtoD (Pageable -> Device); host: aten::item (cudaStreamSynchronize)" in (
+        out.stdout
+    )

@@ -6,7 +6,8 @@ Prints the span from the first kernel to the end of the last; the device's busy 
 kernels', copies' and sets' intervals, so overlapping streams count once); that time a step by kind of
 work (matched by kernel name: ``KINDS``); the kernels that took the most time a step; and the idle gaps
 over 0.3 ms with what ran after each (a gap is the device waiting for the host: a synchronization, or
-the host launching slower than the device runs).
+the host launching slower than the device runs), with the operator the host was in at the gap's start and
+the runtime calls (synchronizations, copies, allocations) it made during the gap.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import re
 
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+HOST_CATEGORIES = ("cpu_op", "cuda_runtime", "cuda_driver")
 KINDS = {  # the first pattern a kernel's name matches names its kind
     "matrix multiplies": r"nvjet|gemm|cutlass|splitK",
     "attention": r"cudnn|fmha|flash|sdpa",
@@ -70,8 +72,21 @@ def main() -> None:
     for name, us in time_of.most_common(args.top):
         print(f"{us / n / 1e3:8.2f} ms/step  x{count_of[name] // n:4d}  {name}")
     print(f"idle gaps over 0.3 ms: {len(gaps)}, {gaps_total:.1f} ms in all ({gaps_total / n:.1f} ms a step)")
+    host = [e for e in events if e.get("cat") in HOST_CATEGORIES and "dur" in e]
     for ms, at, name in sorted(gaps, reverse=True)[:15]:
-        print(f"  {ms:.2f} ms at {at:.1f} ms, before {name}")
+        print(f"  {ms:.2f} ms at {at:.1f} ms, before {name}; host: {host_during(host, start + at * 1e3, ms * 1e3)}")
+
+
+def host_during(host: list[dict], begin: float, length: float) -> str:
+    """What the host was in while the device idled from ``begin`` for ``length`` us: the innermost operator
+    running at the gap's start, and any runtime call (a synchronization, a copy) that overlaps the gap."""
+    ops = [e for e in host if e["cat"] == "cpu_op" and e["ts"] <= begin <= e["ts"] + e["dur"]]
+    inner = min(ops, key=lambda e: e["dur"])["name"][:50] if ops else "no operator"
+    calls = {
+        e["name"] for e in host if e["cat"] != "cpu_op" and e["ts"] < begin + length and e["ts"] + e["dur"] > begin
+    }
+    waits = sorted(c for c in calls if re.search(r"Synchronize|Memcpy|Malloc|Free|Query", c))
+    return inner + (f" ({', '.join(waits)})" if waits else "")
 
 
 if __name__ == "__main__":

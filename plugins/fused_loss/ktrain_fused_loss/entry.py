@@ -1,0 +1,69 @@
+"""Entry module of ktrain-plugin-fused-loss: the ``fused_linear_cross_entropy`` keys, and the role of that op.
+
+Imports nothing heavy: torch (and Triton) are imported by the runtime object, activated only when
+``fused_linear_cross_entropy`` is true. The op is the role ``op:fused_linear_cross_entropy``, which
+``liger_fused_linear_cross_entropy`` claims too: asking for both stops the run before it starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from ktrain import hookimpl
+from ktrain.config.keys import key
+
+# the output layer is split over the vocabulary (tensor parallelism) or the tokens over ranks in ways the
+# loss's divisor and label shift do not follow yet: refused, as the compile plugin refuses them
+PARALLEL_SIZES = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree")
+
+
+@attrs.define(kw_only=True)
+class FusedLossKeys:
+    """The output layer and the cross entropy in one autograd function, with no host synchronization."""
+
+    fused_linear_cross_entropy: bool = key(
+        False,
+        "compute the output layer and the token-sum cross entropy together: the gradient overwrites the "
+        "bf16 logits in the forward, the logits are never upcast, and no step waits for the device",
+    )
+    fused_linear_cross_entropy_chunks: int = key(
+        1,
+        "split the tokens into this many chunks in the forward: with 1 the gradient of all the logits "
+        "(tokens x vocab in the compute dtype) is held until the backward, which is fastest; more chunks "
+        "hold one chunk's logits at a time",
+    )
+
+
+@hookimpl
+def ktrain_register_config(register) -> None:
+    register(FusedLossKeys)
+
+
+@hookimpl
+def ktrain_validate_config(config: Any, report: Any) -> None:
+    """A chunk count below 1, or set without the op; the op under tensor, context or sequence parallelism."""
+    chunks = config.fused_linear_cross_entropy_chunks
+    if chunks < 1:
+        report.error("fused_linear_cross_entropy_chunks", "must be a whole number of at least 1")
+    elif config.is_set("fused_linear_cross_entropy_chunks") and not config.fused_linear_cross_entropy:
+        report.error("fused_linear_cross_entropy_chunks", "sizes fused_linear_cross_entropy's chunks; set that key too")
+    if config.fused_linear_cross_entropy:
+        for name in PARALLEL_SIZES:
+            if getattr(config, name, None) not in (None, 1):
+                report.error(
+                    "fused_linear_cross_entropy",
+                    f"is not supported with {name} other than 1 yet; remove fused_linear_cross_entropy or the "
+                    "parallel size",
+                )
+
+
+@hookimpl
+def ktrain_activate(config: Any, activate) -> None:
+    """Replace the output layer and the loss, claiming ``op:fused_linear_cross_entropy``."""
+    if not config.fused_linear_cross_entropy:
+        return
+    from ktrain_fused_loss.runtime import FusedLoss
+
+    activate(FusedLoss(config), roles=("op:fused_linear_cross_entropy",), keys=("fused_linear_cross_entropy",))
