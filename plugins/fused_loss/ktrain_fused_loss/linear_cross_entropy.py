@@ -28,7 +28,7 @@ IGNORE_INDEX = -100
 def _cross_entropy_torch(
     logits: torch.Tensor, labels: torch.Tensor, divisor: torch.Tensor, losses: torch.Tensor, ignore_index: int
 ) -> None:
-    """``cross_entropy_`` in PyTorch operations (CPU, or a GPU without Triton): the same results, in fp32."""
+    """``cross_entropy_`` in PyTorch operations, for a CPU: the same results, computed in fp32."""
     full = logits.float()
     lse = full.logsumexp(-1)
     valid = labels != ignore_index
@@ -88,7 +88,7 @@ class LinearCrossEntropy(torch.autograd.Function):
             grad_hidden = (grad_logits @ weight).mul_(grad_output)
             grad_weight = None
             if ctx.needs_input_grad[1]:
-                grad_weight = grad_logits.t() @ (hidden * grad_output).to(hidden.dtype)
+                grad_weight = grad_logits.t() @ (hidden * grad_output)  # a 0-d fp32 factor keeps the dtype
             return grad_hidden, grad_weight, None, None, None, None
         grad_hidden, grad_weight = ctx.saved_tensors
         grad_hidden = grad_hidden.mul_(grad_output)

@@ -58,6 +58,7 @@ def test_training_matches_the_plain_loss(root: Path) -> None:
         config = write_config(root, f"{name}.yaml", output_dir=str(root / name), gradient_accumulation_steps=2, **keys)
         done = ktrain("run", str(config))
         assert done.returncode == 0, done.stderr[-3000:]
+        assert ("fused_loss: LlamaForCausalLM output layer and loss fused" in done.stdout) == (name != "plain")
         runs[name] = records(root / name)
     assert "fused_loss: LlamaForCausalLM output layer and loss fused, 3 chunk(s)" in done.stdout
     assert len(runs["plain"]) == 6
@@ -77,6 +78,7 @@ def test_fsdp2_on_two_ranks_trains_as_the_plain_loss(root: Path) -> None:
         )  # fmt: skip
         done = ktrain("run", str(config), "--nproc-per-node", "2")
         assert done.returncode == 0, done.stderr[-3000:]
+        assert ("output layer and loss fused" in done.stdout) == fused
         runs[name] = records(root / name, "grad_norm")
     assert len(runs["plain"]) == 3
     for step, norm in runs["plain"].items():
