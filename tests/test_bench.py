@@ -57,6 +57,7 @@ def check_side(side: dict, report: dict) -> None:
     assert sum(side["split_s"].values()) == pytest.approx(side["step_s"], rel=0.05)  # the parts fill the step
     assert side["mfu"] == pytest.approx(side["tokens_per_s"] * side["flops_per_token"] / (report["peak_tflops"] * 1e12))
     assert side["peak_memory_gib"] is None  # n/a on a CPU
+    assert side["device_state"] is None  # no NVML reading of a CPU
 
 
 def test_bench_synthetic_with_the_peer(tmp_path: Path) -> None:
@@ -225,6 +226,23 @@ def test_bench_on_a_gpu_frees_the_peer_first(tmp_path: Path) -> None:
         assert all(seconds > 0 for seconds in side["split_s"].values())
     assert report["ktrain"]["held_before_gib"] < 0.1  # measured on the H200: 0.0625 (CUDA libraries' workspaces)
     assert report["ktrain"]["first_loss"] == pytest.approx(report["peer"]["first_loss"], rel=1e-2)
+
+
+@pytest.mark.gpu
+def test_bench_reads_the_gpus_clock_and_power_while_timing(tmp_path: Path) -> None:
+    """On a GPU with NVML (nvidia-ml-py, a dependency): each side's SM clock, power and temperature over
+    its timed steps, within what the device can do, and a line of the report for each."""
+    model_dir(tmp_path, vocab_size=100)
+    config = write_config(tmp_path, datasets=[], bf16=True, sequence_len=64)
+    report, stdout = bench_json(tmp_path, str(config), "--steps", "20", "--warmup", "2", "--peer", "hf")
+    assert report["device_state_missing"] is None
+    for side in (report["ktrain"], report["peer"]):
+        state = side["device_state"]
+        assert state["samples"] >= 1
+        assert 0 < state["sm_clock_mhz"] <= state["max_sm_clock_mhz"]
+        assert 0 < state["power_w"] <= 1.2 * state["power_limit_w"]  # NVML's power is an average: it may lag
+        assert 0 <= state["power_capped"] <= 1 and state["temperature_c"] > 0
+    assert stdout.count("device while timed, ") == 2
 
 
 def test_trace_summary_counts_busy_time_kinds_and_idle_gaps(tmp_path: Path) -> None:

@@ -35,8 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
+from ktrain.bench_device import DeviceState
 from ktrain.bench_rows import LENGTH_SIGMA, FetchedRows, SampleRows, SyntheticRows, padding, variable_length_rows
 from ktrain.bench_timing import Timed, Timeline, reset_memory, run_steps
 from ktrain.config.report import ConfigError
@@ -164,6 +166,7 @@ def _side(
         "flops_per_token": flops,
         "first_loss": timed.first_loss,
         "last_loss": timed.last_loss,
+        "device_state": attrs.asdict(timed.device_state) if timed.device_state else None,
     }
 
 
@@ -342,6 +345,7 @@ def measure(
     all_peaks = peak * run.world_size if peak else None
     report["ktrain"] = _side("ktrain", timed, flops, all_peaks, held, padding(data.train, timed_steps, pad_to))
     report["ktrain"]["tokens_per_s_per_device"] = report["ktrain"]["tokens_per_s"] / run.world_size
+    report["device_state_missing"] = trainer.timeline.monitor.why_not
     if report["peer"]:
         report["ratio"] = report["ktrain"]["tokens_per_s"] / report["peer"]["tokens_per_s"]
     return report
@@ -393,9 +397,24 @@ def describe_report(report: dict[str, Any]) -> str:
         lines.append(f"{ranks} ranks: {per_device:,.0f} tokens/s per device; MFU against all {ranks} devices' peaks")
     if report["ratio"] is not None:
         lines.append(f"ktrain / peer: {report['ratio']:.2f}x tokens/s")
+    lines.extend(_describe_device_states(report))
     if report["device"] == "CPU":
         lines.append("peak memory: n/a on a CPU (the GPU's max_memory_allocated on a GPU)")
     return "\n".join(lines)
+
+
+def _describe_device_states(report: dict[str, Any]) -> list[str]:
+    """What the GPU did while each side was timed (rank 0's GPU), or why that was not read."""
+    if report["device"] == "CPU":
+        return []
+    missing = report.get("device_state_missing")
+    if missing:
+        return [f"device clock and power: not read ({missing})"]
+    sides = [side for side in (report["ktrain"], report["peer"]) if side and side.get("device_state")]
+    return [
+        f"device while timed, {side['name'].split(':')[0]}: {DeviceState(**side['device_state']).describe()}"
+        for side in sides
+    ]
 
 
 def _lengths(text: str | None, peer_micro: int | None) -> Lengths | None:

@@ -19,6 +19,8 @@ import attrs
 import torch
 import torch.distributed as dist
 
+from ktrain.bench_device import DeviceMonitor, DeviceState
+
 PARTS = ("data", "forward_backward", "optimizer")
 
 
@@ -31,6 +33,9 @@ class Timeline:
         self.marks: list[tuple[str, Any]] = []
         self.active = False
         self.started = 0.0
+        self.monitor = DeviceMonitor(device)
+        self.device_state: DeviceState | None = None
+        """The GPU's clock, power and temperature over the last ``start``/``stop`` (None without NVML)."""
 
     def _now(self) -> Any:
         if not self.cuda:
@@ -51,6 +56,7 @@ class Timeline:
         self.marks = [("start", self._now())]
         self.started = time.perf_counter()
         self.active = True
+        self.monitor.start()
 
     def mark(self, part: str) -> None:
         """The end of ``part`` (one of ``PARTS``) of the current step."""
@@ -62,6 +68,7 @@ class Timeline:
         self._sync()
         wall = time.perf_counter() - self.started
         self.active = False
+        self.device_state = self.monitor.stop()
         parts = dict.fromkeys(PARTS, 0.0)
         for (_, before), (part, after) in zip(self.marks, self.marks[1:], strict=False):
             parts[part] += before.elapsed_time(after) / 1e3 if self.cuda else after - before
@@ -80,6 +87,7 @@ class Timed:
     """The loss of the very first step, before any update: the same init and rows give the same loss."""
     last_loss: float
     peak_memory_gib: float | None
+    device_state: DeviceState | None = None
 
 
 def run_steps(step: Callable[[int], tuple[Any, int]], warmup: int, steps: int, timeline: Timeline) -> Timed:
@@ -100,7 +108,8 @@ def run_steps(step: Callable[[int], tuple[Any, int]], warmup: int, steps: int, t
         first = float(loss) if i == 0 else first
         tokens += n
     seconds, parts = timeline.stop()
-    return Timed(steps, tokens, seconds, parts, first, float(loss), peak_memory_gib(timeline.device))
+    peak = peak_memory_gib(timeline.device)
+    return Timed(steps, tokens, seconds, parts, first, float(loss), peak, timeline.device_state)
 
 
 def peak_memory_gib(device: torch.device) -> float | None:
