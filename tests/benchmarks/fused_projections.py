@@ -14,25 +14,10 @@ a token.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
-
-
-def time_ms(fn, rounds: int = 20, warmup: int = 5) -> float:
-    """Median milliseconds of ``fn()`` on the current CUDA stream."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from cuda_timing import time_ms
 
 
 def main() -> None:
