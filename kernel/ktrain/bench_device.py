@@ -1,7 +1,7 @@
 """The GPU's clock, power and temperature while ``ktrain bench`` times steps, read from NVML.
 
 A GPU at its power limit lowers its clock until it draws no more (an H200 training the 1.5B benchmark runs
-at about 1,570 MHz of its 1,980 under its 700 W limit: docs/performance.md). Then the step's time follows
+at 1,565-1,599 MHz of its 1,980 under its 700 W limit: docs/performance.md). Then the step's time follows
 its energy, not its kernels' time at the full clock, and two sides of a comparison may run at different
 clocks. The report prints what the device did while each side was timed, so that this shows.
 
