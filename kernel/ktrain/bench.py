@@ -407,10 +407,10 @@ def _describe_device_states(report: dict[str, Any]) -> list[str]:
     """What the GPU did while each side was timed (rank 0's GPU), or why that was not read."""
     if report["device"] == "CPU":
         return []
-    missing = report.get("device_state_missing")
+    missing = report["device_state_missing"]
     if missing:
         return [f"device clock and power: not read ({missing})"]
-    sides = [side for side in (report["ktrain"], report["peer"]) if side and side.get("device_state")]
+    sides = [side for side in (report["ktrain"], report["peer"]) if side and side["device_state"]]
     return [
         f"device while timed, {side['name'].split(':')[0]}: {DeviceState(**side['device_state']).describe()}"
         for side in sides

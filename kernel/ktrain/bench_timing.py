@@ -34,8 +34,6 @@ class Timeline:
         self.active = False
         self.started = 0.0
         self.monitor = DeviceMonitor(device)
-        self.device_state: DeviceState | None = None
-        """The GPU's clock, power and temperature over the last ``start``/``stop`` (None without NVML)."""
 
     def _now(self) -> Any:
         if not self.cuda:
@@ -63,16 +61,17 @@ class Timeline:
         if self.active:
             self.marks.append((part, self._now()))
 
-    def stop(self) -> tuple[float, dict[str, float]]:
-        """Wall seconds since ``start``, and the seconds spent in each part."""
+    def stop(self) -> tuple[float, dict[str, float], DeviceState | None]:
+        """Wall seconds since ``start``, the seconds spent in each part, and the GPU's clock, power and
+        temperature meanwhile (None without NVML)."""
         self._sync()
         wall = time.perf_counter() - self.started
         self.active = False
-        self.device_state = self.monitor.stop()
+        state = self.monitor.stop()
         parts = dict.fromkeys(PARTS, 0.0)
         for (_, before), (part, after) in zip(self.marks, self.marks[1:], strict=False):
             parts[part] += before.elapsed_time(after) / 1e3 if self.cuda else after - before
-        return wall, parts
+        return wall, parts, state
 
 
 @attrs.define
@@ -107,9 +106,8 @@ def run_steps(step: Callable[[int], tuple[Any, int]], warmup: int, steps: int, t
         loss, n = step(i)
         first = float(loss) if i == 0 else first
         tokens += n
-    seconds, parts = timeline.stop()
-    peak = peak_memory_gib(timeline.device)
-    return Timed(steps, tokens, seconds, parts, first, float(loss), peak, timeline.device_state)
+    seconds, parts, state = timeline.stop()
+    return Timed(steps, tokens, seconds, parts, first, float(loss), peak_memory_gib(timeline.device), state)
 
 
 def peak_memory_gib(device: torch.device) -> float | None:

@@ -90,7 +90,7 @@ def sustain(steps, flops: float, seconds: float) -> None:
     begin = time.perf_counter()
     half = None
     done = 0
-    while time.perf_counter() - begin < seconds:
+    while time.perf_counter() - begin < seconds or not done:  # at least one step in the second half
         one_step()
         torch.cuda.synchronize()
         if half is None and time.perf_counter() - begin > seconds / 2:
