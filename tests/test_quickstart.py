@@ -45,5 +45,5 @@ def test_quickstart_first_losses_match_the_stored_curve(tmp_path: Path) -> None:
     assert stored["overrides"] == GOLDEN_OVERRIDES
     # float32 on one CPU thread repeats to the last bit on one machine; 1e-5 leaves room for another CPU's kernels
     assert losses == pytest.approx(stored["losses"], rel=1e-5), [
-        (step, a, b) for step, (a, b) in enumerate(zip(losses, stored["losses"]), 1) if a != b
+        (step, a, b) for step, (a, b) in enumerate(zip(losses, stored["losses"], strict=True), 1) if a != b
     ]
