@@ -187,7 +187,7 @@ def test_registering_one_name_twice_names_both_plugins(config) -> None:
     copycat = plugin("copycat", ktrain_register_optimizers=ktrain_register_optimizers)
     with pytest.raises(PluginError, match="optimizer 'adamw_torch' is registered by two plugins") as info:
         prepare(config(), extra_plugins=[("copycat", copycat)])
-    assert "'kernel' (ktrain " in str(info.value) and "'copycat'" in str(info.value)
+    assert "'kernel' (ktrain-llm " in str(info.value) and "'copycat'" in str(info.value)
 
 
 def test_a_key_declared_twice_names_both_owners(config) -> None:

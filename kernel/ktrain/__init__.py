@@ -10,8 +10,10 @@ __version__ = "0.1.0"
 
 PROJECT = "ktrain"
 ENTRY_POINT_GROUP = "ktrain"
+DISTRIBUTION = "ktrain-llm"
+"""The kernel's distribution name on package indexes (``pip install ktrain-llm``); the import name is ``ktrain``."""
 
 hookimpl = pluggy.HookimplMarker(PROJECT)
 """Marker for hook implementations: ``@ktrain.hookimpl def ktrain_wrap_model(...)``."""
 
-__all__ = ["ENTRY_POINT_GROUP", "PROJECT", "__version__", "hookimpl"]
+__all__ = ["DISTRIBUTION", "ENTRY_POINT_GROUP", "PROJECT", "__version__", "hookimpl"]

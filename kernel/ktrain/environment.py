@@ -8,7 +8,7 @@ import platform
 import sys
 
 PACKAGES = (
-    "ktrain",
+    "ktrain-llm",
     "torch",
     "transformers",
     "accelerate",

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import pluggy
 
-from ktrain import ENTRY_POINT_GROUP, PROJECT, __version__, hookspecs
+from ktrain import DISTRIBUTION, ENTRY_POINT_GROUP, PROJECT, __version__, hookspecs
 
 KERNEL_ENTRY = "ktrain.builtin.kernel"
 
@@ -118,7 +118,7 @@ class Plugins:
         for act in self.activations:
             if act.obj is obj:
                 return act.plugin
-        return PluginInfo(KERNEL_INFO_NAME, PROJECT, __version__, obj)
+        return PluginInfo(KERNEL_INFO_NAME, DISTRIBUTION, __version__, obj)
 
 
 def discover(extra: Iterable[tuple[str, Any]] = ()) -> Plugins:
@@ -130,7 +130,7 @@ def discover(extra: Iterable[tuple[str, Any]] = ()) -> Plugins:
     """
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(hookspecs)
-    infos = [PluginInfo(KERNEL_INFO_NAME, PROJECT, __version__, importlib.import_module(KERNEL_ENTRY))]
+    infos = [PluginInfo(KERNEL_INFO_NAME, DISTRIBUTION, __version__, importlib.import_module(KERNEL_ENTRY))]
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = ep.dist.name if ep.dist else "?"
         version = ep.dist.version if ep.dist else "?"
