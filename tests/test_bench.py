@@ -19,7 +19,7 @@ import torch
 import transformers
 import yaml
 
-from ktrain.bench import bench_plan
+from ktrain.bench.command import bench_plan
 from ktrain.run.metrics import flops_per_token, non_embedding_params
 from tests.kit import REPO, dataset, ktrain, model_dir, write_config
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from ktrain.bench_rows import SyntheticRows
+from ktrain.bench.rows import SyntheticRows
 from tests.kit import ktrain, model_dir, write_config
 from tests.test_bench import bench_json
 

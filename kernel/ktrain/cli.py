@@ -126,7 +126,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ktrain.bench import bench_cli
+    from ktrain.bench.command import bench_cli
 
     return bench_cli(args)
 

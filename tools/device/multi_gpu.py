@@ -8,7 +8,7 @@ Both run ``ktrain bench`` (synthetic rows) in fresh processes and print a table;
 
 parity: the config with the ``--layout`` keys (FSDP2, HSDP, TP, CP, Ulysses SP, a ZeRO stage) on N ranks,
 against the config alone on one rank with ``gradient_accumulation_steps`` multiplied by the layout's
-data-parallel ranks. Both train the same global batch of the same rows: ``ktrain.bench_rows.SyntheticRows``
+data-parallel ranks. Both train the same global batch of the same rows: ``ktrain.bench.rows.SyntheticRows``
 lays a step's rows out rank by rank, then micro-batch by micro-batch, so the one-rank run's accumulation
 steps are the ranks' micro-batches in order. The first loss (before any update) and the last (after the
 warm-up and timed updates) must agree to ``--rtol``; ``--set`` keys go to both runs, ``--reference`` keys to

@@ -21,6 +21,8 @@ from ktrain.data.stream import StreamRows
 LENGTH_SIGMA = 1.0
 """The spread of ``--lengths``: the natural log of a sample's length has this standard deviation."""
 MIN_LENGTH = 2
+Lengths = tuple[int, int, int]
+"""``--lengths``: the median and the longest sample, and the peer's micro batch."""
 
 
 class SyntheticRows:

@@ -19,7 +19,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from ktrain.bench_device import DeviceMonitor, DeviceState
+from ktrain.bench.device import DeviceMonitor, DeviceState
 
 PARTS = ("data", "forward_backward", "optimizer")
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import transformers
 
-from ktrain.bench_timing import Timed, Timeline, run_steps
+from ktrain.bench.timing import Timed, Timeline, run_steps
 from ktrain.data.batches import collate, row_tokens
 from ktrain.engine import param_groups
 from ktrain.run.metrics import flops_per_token

@@ -1,0 +1,133 @@
+"""``ktrain bench CONFIG``: check the config, write the run's files into a temporary run directory, time the
+step in this process or on N ranks (``ktrain.bench.ranks``), print the report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ktrain.bench.measure import measure
+from ktrain.bench.ranks import RanksFailed, bench_ranks
+from ktrain.bench.report import describe_report
+from ktrain.bench.rows import Lengths
+from ktrain.config.report import ConfigError
+from ktrain.resolve import Plan, load_plugins_and_config, prepare
+from ktrain.run import distributed
+from ktrain.run.trainer import rank_run
+from ktrain.run_dir import write_run_files
+
+PLACEHOLDER_DATASETS = "datasets=[{path: ktrain-bench-synthetic-rows}]"
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def bench_plan(
+    config: str, overrides: list[str], run_dir: Path, synthetic: bool, world_size: int | None = 1
+) -> tuple[Plan, bool]:
+    """The checked plan for ``world_size`` ranks (None: what the mesh sizes ask) in ``run_dir``, and whether
+    the rows are synthetic."""
+    _, loaded = load_plugins_and_config(config, overrides)
+    has_data = bool(loaded.datasets or loaded.pretraining_dataset)
+    extra = [f"output_dir={run_dir}"] + ([] if has_data else [PLACEHOLDER_DATASETS])
+    plan = prepare(config, [*overrides, *extra], world_size=world_size, with_defaults=True)
+    for problem in plan.warnings:
+        print(f"ktrain: warning: {problem}", file=sys.stderr)
+    return plan, synthetic or not has_data
+
+
+def bench(
+    config: str,
+    overrides: list[str],
+    *,
+    steps: int,
+    warmup: int,
+    synthetic: bool,
+    peer: str | None,
+    peer_variant: str,
+    profile_to: Path | None = None,
+    lengths: Lengths | None = None,
+    nproc: int | None = None,
+) -> dict[str, Any]:
+    """Time the config's step on ``nproc`` ranks (None: as many as its mesh sizes ask, else 1), and first the
+    peer's (one process only); return the report ``ktrain bench`` prints."""
+    with tempfile.TemporaryDirectory(prefix="ktrain-bench-") as tmp:
+        run_dir = Path(tmp)
+        plan, synthetic = bench_plan(config, overrides, run_dir, synthetic or bool(lengths), world_size=nproc)
+        ranks = plan.mesh.world_size
+        one_process = [
+            flag for flag, given in (("--peer", peer), ("--profile", profile_to), ("--lengths", lengths)) if given
+        ]
+        if ranks > 1 and one_process:
+            raise ConfigError.single(
+                "--nproc-per-node", f"{', '.join(one_process)} run in one process, and this run has {ranks} ranks"
+            )
+        write_run_files(run_dir, plan)
+        if ranks > 1:
+            return bench_ranks(run_dir, config, ranks, steps=steps, warmup=warmup, synthetic=synthetic)
+        if lengths and not lengths[2]:  # the peer's micro batch defaults to the config's
+            lengths = (lengths[0], lengths[1], plan.config.micro_batch_size)
+        run = rank_run(run_dir)  # the one rank, set up as a training rank is
+        try:
+            return measure(
+                run, config, steps=steps, warmup=warmup, synthetic=synthetic, peer=peer, peer_variant=peer_variant,
+                profile_to=profile_to, lengths=lengths,
+            )  # fmt: skip
+        finally:
+            distributed.shutdown()
+
+
+def _lengths(text: str | None, peer_micro: int | None) -> Lengths | None:
+    """``--lengths MEDIAN:MAX`` and ``--peer-micro-batch`` as a ``Lengths`` (None without ``--lengths``)."""
+    if text is None:
+        if peer_micro is not None:
+            raise ValueError("--peer-micro-batch goes with --lengths (the peer otherwise takes the ktrain side's rows)")
+        return None
+    parts = text.split(":")
+    if len(parts) != 2 or not all(part.isdigit() for part in parts) or not 2 <= int(parts[0]) <= int(parts[1]):
+        raise ValueError(f"--lengths: expected MEDIAN:MAX, two whole numbers with 2 <= MEDIAN <= MAX (got {text!r})")
+    if peer_micro is not None and peer_micro < 1:
+        raise ValueError("--peer-micro-batch must be at least 1")
+    return int(parts[0]), int(parts[1]), peer_micro or 0
+
+
+def bench_cli(args: argparse.Namespace) -> int:
+    """Run ``ktrain bench`` for parsed ``args``; return the exit code."""
+    from ktrain.data.reading import DataError
+
+    if args.steps < 1 or args.warmup < 0:
+        print("ktrain: --steps must be at least 1 and --warmup at least 0", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        lengths = _lengths(args.lengths, args.peer_micro_batch)
+    except ValueError as e:
+        print(f"ktrain: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.nproc_per_node is not None and args.nproc_per_node < 1:
+        print("ktrain: --nproc-per-node must be at least 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        report = bench(
+            args.config,
+            args.overrides,
+            steps=args.steps,
+            warmup=args.warmup,
+            synthetic=args.synthetic,
+            peer=args.peer,
+            peer_variant=args.peer_variant,
+            profile_to=args.profile,
+            lengths=lengths,
+            nproc=args.nproc_per_node,
+        )
+    except RanksFailed as e:
+        print(e, file=sys.stderr)
+        return EXIT_FAILED
+    except (DataError, FileNotFoundError) as e:
+        print(f"ktrain: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(describe_report(report), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return EXIT_OK

@@ -1,0 +1,73 @@
+"""The report of ``ktrain bench`` as the command prints it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ktrain.bench.device import DeviceState
+
+
+def _fmt_gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+def describe_report(report: dict[str, Any]) -> str:
+    """The report as the command prints it."""
+    f = report["formula"]
+    tokens = report["micro_batch_size"] * report["sequence_len"] * report["gradient_accumulation_steps"]
+    tokens *= report["data_parallel"]
+    ranks = report["ranks"]
+    where = report["device"] if ranks == 1 else f"{ranks} ranks of {report['device']} ({report['mesh']})"
+    peak = f"{report['peak_tflops']:g} TFLOP/s" if report["peak_tflops"] else None
+    frozen = f" - 2 x {f['frozen_params']:,} of them frozen (no weight gradient)" if f["frozen_params"] else ""
+    lines = [
+        f"ktrain bench {report['config']} on {where} (ktrain {report['versions']['ktrain']}, "
+        f"torch {report['versions']['torch']}, transformers {report['versions']['transformers']})",
+        f"plugins beside the kernel's: {', '.join(report['plugins']) or 'none'}",
+        f"rows: {report['rows']}; micro batch {report['micro_batch_size']} x sequence {report['sequence_len']} "
+        f"x accumulation {report['gradient_accumulation_steps']}"
+        + (f" x {report['data_parallel']} data-parallel ranks" if report["data_parallel"] > 1 else "")
+        + f" = {tokens:,} tokens a step; "
+        f"{report['warmup_steps']} warm-up + {report['timed_steps']} timed steps",
+        f"MFU = tokens/s x FLOPs a token / peak; FLOPs a token = 6 x {f['non_embedding_params']:,} parameters "
+        f"outside the embeddings{frozen} + 12 x {f['layers']} layers x {f['hidden']} hidden "
+        f"x {f['sequence_len']} sequence "
+        f"= {f['flops_per_token']:.4g}; peak " + (peak or "unknown for this device: no MFU (set KTRAIN_PEAK_TFLOPS)"),
+        "",
+        f"{'':44} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9} {'step ms':>9} {'data ms':>8} {'fwd+bwd ms':>10} "
+        f"{'optim ms':>9} {'loss@1':>7} {'padding':>7}",
+    ]
+    for side in (report["ktrain"], report["peer"]):
+        if side is None:
+            continue
+        mfu = f"{side['mfu']:.1%}" if side["mfu"] is not None else "n/a"
+        split = side["split_s"]
+        lines.append(
+            f"{side['name'][:44]:44} {side['tokens_per_s']:>10,.0f} {mfu:>6} {_fmt_gib(side['peak_memory_gib']):>9} "
+            f"{side['step_s'] * 1e3:>9.1f} {split['data'] * 1e3:>8.1f} {split['forward_backward'] * 1e3:>10.1f} "
+            f"{split['optimizer'] * 1e3:>9.1f} {side['first_loss']:>7.3f} {side['padding']:>7.1%}"
+        )
+    lines.append("tokens/s counts the samples' tokens; padding is the share of the computed positions that are padding")
+    if ranks > 1:
+        per_device = report["ktrain"]["tokens_per_s_per_device"]
+        lines.append(f"{ranks} ranks: {per_device:,.0f} tokens/s per device; MFU against all {ranks} devices' peaks")
+    if report["ratio"] is not None:
+        lines.append(f"ktrain / peer: {report['ratio']:.2f}x tokens/s")
+    lines.extend(_describe_device_states(report))
+    if report["device"] == "CPU":
+        lines.append("peak memory: n/a on a CPU (the GPU's max_memory_allocated on a GPU)")
+    return "\n".join(lines)
+
+
+def _describe_device_states(report: dict[str, Any]) -> list[str]:
+    """What the GPU did while each side was timed (rank 0's GPU), or why that was not read."""
+    if report["device"] == "CPU":
+        return []
+    missing = report["device_state_missing"]
+    if missing:
+        return [f"device clock and power: not read ({missing})"]
+    sides = [side for side in (report["ktrain"], report["peer"]) if side and side["device_state"]]
+    return [
+        f"device while timed, {side['name'].split(':')[0]}: {DeviceState(**side['device_state']).describe()}"
+        for side in sides
+    ]
