@@ -16,6 +16,11 @@ from ktrain.config.report import ConfigError, Report
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
+def sequence_ranks(config: Any) -> int:
+    """Ranks each row's sequence is split over (context or Ulysses sequence parallelism)."""
+    return max(config.context_parallel_size, config.sequence_parallel_degree)
+
+
 def local_model_config(config: Any) -> dict[str, Any] | None:
     """The base model's ``config.json`` as a dict, when it is a local folder; else None."""
     source = config.base_model_config or config.base_model
@@ -85,7 +90,7 @@ def raise_shape_problems(facts: dict[str, Any], config: Any, seq: int) -> None:
 
 def check_plugins(config: Any, report: Report) -> None:
     """Combinations that cannot work, each named with what would."""
-    tp, seq = config.tensor_parallel_size, max(config.context_parallel_size, config.sequence_parallel_degree)
+    tp, seq = config.tensor_parallel_size, sequence_ranks(config)
     if tp <= 1 and seq <= 1:
         return
     which = (

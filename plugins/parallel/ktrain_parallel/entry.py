@@ -1,4 +1,4 @@
-"""Entry module of ktrain-plugin-parallel: keys, checks before launch, the mesh dimensions it owns.
+"""Entry module of ktrain-plugin-parallel: its keys, checks before launch, the mesh dimensions it owns.
 
 Imports nothing heavy. ``tensor_parallel_size`` (a kernel mesh key) > 1 makes the plugin claim
 ``mesh:tp``; ``context_parallel_size`` > 1 or ``sequence_parallel_degree`` > 1 makes it claim
@@ -8,37 +8,13 @@ Imports nothing heavy. ``tensor_parallel_size`` (a kernel mesh key) > 1 makes th
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-import attrs
+from typing import Any
 
 from ktrain import hookimpl
-from ktrain.config.keys import key
-from ktrain_parallel.checks import check_model, check_plugins
+from ktrain_parallel.checks import check_model, check_plugins, sequence_ranks
+from ktrain_parallel.keys import ALL_GATHER_FUNCS, ParallelKeys
 
 KTRAIN_ROLES = ("mesh:tp", "mesh:cp")
-ALL_GATHER_FUNCS = ("varlen_llama3", "batch_zigzag")
-
-
-@attrs.define(kw_only=True)
-class ParallelKeys:
-    """Sequence parallelism and the context-parallel attention (tensor_parallel_size and
-    context_parallel_size are the kernel's mesh keys)."""
-
-    sequence_parallel_degree: int = key(
-        1, "Ulysses sequence parallelism: ranks that split each sequence, exchanging heads by all-to-all"
-    )
-    heads_k_stride: int | None = key(
-        None, "context parallelism: gather K/V this many KV heads at a time (default: all at once)"
-    )
-    ring_attn_func: Literal["varlen_llama3", "batch_ring", "batch_zigzag", "batch_stripe"] | None = key(
-        None, "context-parallel attention: varlen_llama3 or batch_zigzag (both all-gather K/V, zigzag-balanced)"
-    )
-
-
-def sequence_ranks(config: Any) -> int:
-    """Ranks each row's sequence is split over (context or Ulysses sequence parallelism)."""
-    return max(config.context_parallel_size, config.sequence_parallel_degree)
 
 
 @hookimpl

@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ktrain import hookimpl
-from ktrain_parallel.checks import raise_shape_problems
-from ktrain_parallel.entry import sequence_ranks
+from ktrain_parallel.checks import raise_shape_problems, sequence_ranks
 
 
 class Parallel:
