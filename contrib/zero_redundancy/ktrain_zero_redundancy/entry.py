@@ -1,4 +1,5 @@
-"""Entry module: the ``zero_redundancy`` keys, their checks, and the checkpoint reader for ``ktrain export``.
+"""Entry module: declares the ``zero_redundancy`` keys, checks them, activates the runtime object, and registers
+the checkpoint reader for ``ktrain export``.
 
 Imports nothing heavy: torch is imported by the runtime object, activated only when the config sets
 ``zero_redundancy: true``.
@@ -8,26 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
-
 from ktrain import hookimpl
-from ktrain.config.keys import key
 from ktrain.registry import lazy
+from ktrain_zero_redundancy.checkpoint import FORMAT
+from ktrain_zero_redundancy.keys import ZeroRedundancyKeys
 
 KTRAIN_ROLES = ("sharding", "checkpoint_format")
-FORMAT = "zero-redundancy"
-
-
-@attrs.define(kw_only=True)
-class ZeroRedundancyKeys:
-    """Optimizer-state sharding over the data-parallel ranks (ZeRO stage 1)."""
-
-    zero_redundancy: bool = key(
-        False, "shard the optimizer state over the data-parallel ranks (torch ZeroRedundancyOptimizer)"
-    )
-    zero_redundancy_bucket_view: bool = key(
-        False, "keep each rank's parameters in contiguous buckets (faster broadcasts, more memory)"
-    )
 
 
 @hookimpl
