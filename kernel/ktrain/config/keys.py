@@ -1,6 +1,6 @@
 """The kernel's own config keys, grouped by topic. Each field is a top-level YAML key.
 
-Key names are the ones users already write (Axolotl's, from the seed article). ``help`` metadata
+Key names are the ones users already write (Axolotl's). ``help`` metadata
 feeds ``ktrain check`` and docs/config.md.
 """
 
@@ -120,7 +120,9 @@ class OptimizerKeys:
     adam_beta1: float = key(0.9, "Adam beta1")
     adam_beta2: float = key(0.999, "Adam beta2")
     adam_epsilon: float = key(1e-8, "Adam epsilon")
-    max_grad_norm: float | None = key(1.0, "clip the global gradient norm to this; null for no clipping")
+    max_grad_norm: float = key(
+        1.0, "clip the global gradient norm to this; 0 for no clipping", validator=attrs.validators.ge(0)
+    )
     lr_scheduler: str = key("cosine", "schedule name: cosine, linear, constant, constant_with_warmup")
     warmup_steps: int | None = key(None, "steps of linear warm-up")
     warmup_ratio: float | None = key(None, "warm-up as a share of all steps")

@@ -1,6 +1,6 @@
-"""The files users bring, trained on CPU at 2 ranks: the reference trainer's bf16 ZeRO-3 JSON files, and the
-seed article's zero3.yaml and oom_rescue.yaml scaled down to the tiny model (their JSON fetched with
-``ktrain fetch deepspeed_configs``, as the article's user does)."""
+"""The files users bring, trained on CPU at 2 ranks: Axolotl's bf16 ZeRO-3 JSON files, and the
+Axolotl-style run configs zero3.yaml and oom_rescue.yaml scaled down to the tiny model (their JSON fetched with
+``ktrain fetch deepspeed_configs``, as an Axolotl user does)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_reference_bf16_json_trains(root: Path, name: str, tmp_path: Path) -> No
 
 
 def _scaled(seed: str, root: Path, out: Path) -> list[str]:
-    """``--set`` overrides that point a seed config at the tiny model and data, for 2 steps."""
+    """``--set`` overrides that point an Axolotl-style config at the tiny model and data, for 2 steps."""
     return [
         "--set", f"base_model={root / 'model'}",
         "--set", f"datasets=[{{path: {root / 'train.jsonl'}, type: chat_template}}]",

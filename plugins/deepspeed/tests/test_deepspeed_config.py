@@ -130,7 +130,7 @@ def test_auto_and_absent_settings_are_filled_from_ktrain_keys(config, tmp_path) 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in COMPAT.glob("*.json")))
 def test_every_reference_json_loads(name: str, config, capsys) -> None:
-    """The reference trainer's files as users have them: checked by ktrain and by DeepSpeed, no problem."""
+    """Axolotl's DeepSpeed JSON files as users have them: checked by ktrain and by DeepSpeed, no problem."""
     extra = {"bf16": True} if name in BF16_FILES else {}
     code, problems, warnings = check(capsys, config(deepspeed=str(COMPAT / name), **extra))
     assert (code, problems) == (0, [])
@@ -156,7 +156,7 @@ def test_presets_by_name_and_fetched(config, tmp_path, capsys, monkeypatch) -> N
     assert code == 2 and "'zero5' is neither a JSON file nor a preset; did you mean 'zero3'?" in problems[0]
 
     monkeypatch.chdir(tmp_path)
-    seed_path = "deepspeed_configs/zero3_bf16.json"  # what the seed article's configs name
+    seed_path = "deepspeed_configs/zero3_bf16.json"  # what Axolotl-style run configs name
     code, problems, _ = check(capsys, config(deepspeed=seed_path, bf16=True))
     assert code == 2 and "`ktrain fetch deepspeed_configs` writes the presets" in problems[0]
     assert main(["fetch", "deepspeed_configs"]) == 0

@@ -1,4 +1,4 @@
-"""Training for real on CPU (``DS_ACCELERATOR=cpu``, gloo, 2 ranks) with the reference trainer's JSON files:
+"""Training for real on CPU (``DS_ACCELERATOR=cpu``, gloo, 2 ranks) with Axolotl's DeepSpeed JSON files:
 ZeRO 1, 2 and 3 against one process, exact resume under ZeRO-3, the export loaded back in ``transformers``.
 
 The runs share one global batch of 8 rows, split differently: one process without DeepSpeed (4 rows x 2

@@ -1,4 +1,4 @@
-"""FSDP1: ``FullyShardedDataParallel`` with the reference trainer's ``fsdp_*`` options.
+"""FSDP1: ``FullyShardedDataParallel`` with Axolotl's ``fsdp_*`` options.
 
 HYBRID_SHARD shards over ``dp_shard`` and replicates over ``dp_replicate`` (the run's 2-D mesh).
 Under ``cpu_ram_efficient_loading`` the ranks other than 0 hold a meta model, materialised empty at

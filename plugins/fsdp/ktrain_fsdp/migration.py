@@ -1,6 +1,6 @@
 """FSDP1 spellings and their FSDP2 equivalents: one table shared by ``ktrain check`` and ``ktrain migrate``.
 
-The seed article's move: the ``fsdp_`` prefix goes; ``fsdp_sharding_strategy`` becomes
+The move from FSDP1 to FSDP2: the ``fsdp_`` prefix goes; ``fsdp_sharding_strategy`` becomes
 ``reshard_after_forward`` (FULL_SHARD: true, SHARD_GRAD_OP: false); HYBRID_SHARD becomes a replicate
 dimension (``dp_replicate_size``); keys that tune FSDP1's flat parameters and its prefetching have no
 FSDP2 meaning. Imports nothing heavy.

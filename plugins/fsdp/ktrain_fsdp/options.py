@@ -161,7 +161,7 @@ def resolve(config: Any, report: Any) -> FsdpOptions:
         version = 1
         report.warn(
             "fsdp_version",
-            "not set, so FSDP1 as in the reference trainer; FSDP2 is recommended: set fsdp_version: 2 "
+            "not set, so FSDP1 as in Axolotl; FSDP2 is recommended: set fsdp_version: 2 "
             "(`ktrain migrate CONFIG` rewrites the file)",
         )
     if version == 2:

@@ -32,7 +32,7 @@ SEED = REPO.parent / "shared" / "compat" / "seed"
 
 @pytest.fixture
 def sets(tiny_model_dir: Path, tiny_chat_jsonl: Path, tmp_path: Path) -> list[str]:
-    """``--set`` arguments pointing a seed config at the tiny local model and data."""
+    """``--set`` arguments pointing an Axolotl-style config at the tiny local model and data."""
     pairs = {
         "base_model": tiny_model_dir,
         "datasets": f"[{{path: {tiny_chat_jsonl}, type: chat_template}}]",
@@ -59,7 +59,7 @@ def options_of(path: Path, *overrides: str) -> FsdpOptions:
 
 
 # ---------------------------------------------------------------------------------------------------
-# The seed article's configs
+# Axolotl-style FSDP configs as users write them
 # ---------------------------------------------------------------------------------------------------
 
 

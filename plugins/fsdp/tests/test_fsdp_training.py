@@ -151,7 +151,7 @@ def test_fsdp1_matches_one_process(root: Path, strategy: str) -> None:
 
 @pytest.mark.parametrize("seed_config", ["fsdp1.yaml", "fsdp2.yaml"])
 def test_seed_config_trains(root: Path, seed_config: str) -> None:
-    """The article's configs with a tiny local model and dataset: bf16 mixed precision, 2 ranks, 2 steps."""
+    """Axolotl-style FSDP configs with a tiny local model and dataset: bf16 mixed precision, 2 ranks, 2 steps."""
     out = root / f"seed-{seed_config}"
     overrides = {
         "base_model": root / "model",

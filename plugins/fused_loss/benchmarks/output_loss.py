@@ -1,6 +1,6 @@
 """The output layer and the loss, forward + backward: ktrain's fused_linear_cross_entropy beside Liger's.
 
-On issue 9's shape (16,384 tokens, hidden 2048, vocab 128,256, bf16) each variant runs ``--repeats``
+On the 1.5B shape's output layer (16,384 tokens, hidden 2048, vocab 128,256, bf16) each variant runs ``--repeats``
 forward + backward passes after two warm-ups; printed: milliseconds a pass, TFLOP/s of its three products
 (6 x tokens x hidden x vocab), the peak memory above the inputs, and the loss and gradients against the
 first row's (Liger's, when installed). The divisor is the count of trained tokens, as a device tensor.

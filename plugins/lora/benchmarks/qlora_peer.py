@@ -1,11 +1,11 @@
-"""Issue 7's QLoRA peer: transformers + peft + bitsandbytes as a user writes them, timed like ``ktrain bench``.
+"""The QLoRA peer: transformers + peft + bitsandbytes as a user writes them, timed like ``ktrain bench``.
 
     python plugins/lora/benchmarks/qlora_peer.py CONFIG [--steps 6] [--warmup 2] [--json FILE] [--weights DIR]
 
 From a ktrain config (configs/bench/llama_8b_qlora.yaml) it reads the model (``base_model`` or
 ``base_model_config``, random weights), ``sequence_len``, ``micro_batch_size``,
-``gradient_checkpointing``, ``lora_r``, ``lora_alpha``, ``learning_rate`` and ``bf16``, and builds what the
-issue measured: the weights quantized at load (nf4, double quantization, compute in the run's dtype),
+``gradient_checkpointing``, ``lora_r``, ``lora_alpha``, ``learning_rate`` and ``bf16``, and builds what a
+user writes: the weights quantized at load (nf4, double quantization, compute in the run's dtype),
 ``prepare_model_for_kbit_training``, LoRA on every linear layer (peft's ``all-linear``), SDPA,
 ``torch.optim.AdamW``. Random tokens, every token trained. It prints tokens/s and the peak GPU memory
 from the start of the build (none on a CPU); run it in the same device call as ``ktrain bench`` on the

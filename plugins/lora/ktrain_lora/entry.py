@@ -78,7 +78,7 @@ ADAPTER_KEYS = ("adapter", "qlora", "lora_model_dir", *SHAPE_KEYS)
 
 
 def adapter_kind(config: Any) -> str | None:
-    """``lora``, ``qlora`` or None: ``adapter``, or the article's ``qlora: true``."""
+    """``lora``, ``qlora`` or None: ``adapter``, or the guides' spelling ``qlora: true``."""
     return config.adapter or ("qlora" if config.qlora else None)
 
 

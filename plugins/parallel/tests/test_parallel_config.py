@@ -2,7 +2,7 @@
 
 Each case starts from the tiny Llama of tests/kit.py (4 attention heads, 2 KV heads, vocabulary 100) and
 runs ``ktrain check`` in process; one goes through ``ktrain run`` in a subprocess to show no rank starts.
-The seed article's two parallel configs, shipped in configs/, pass ``ktrain check`` at their world sizes.
+The two parallel configs shipped in configs/ pass ``ktrain check`` at their world sizes.
 """
 
 from __future__ import annotations
