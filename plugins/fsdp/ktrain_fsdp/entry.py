@@ -49,7 +49,7 @@ def ktrain_activate(config: Any, activate) -> None:
     if options.cpu_ram_efficient_loading:
         from ktrain_fsdp.loading import RamEfficientLoader
 
-        activate(RamEfficientLoader(config), roles=("model_loader",), keys=("fsdp_config",))
+        activate(RamEfficientLoader(config, options.version), roles=("model_loader",), keys=("fsdp_config",))
 
 
 @hookimpl

@@ -15,6 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from ktrain_fsdp.options import FsdpOptions
+from ktrain_fsdp.quantized import share_quant_states, tensor_state
 
 
 def mixed_precision(compute_dtype: torch.dtype) -> MixedPrecisionPolicy:
@@ -50,9 +51,10 @@ def units(model: torch.nn.Module, options: FsdpOptions, classes: tuple[type, ...
 def apply_fsdp2(
     model: torch.nn.Module, run: Any, options: FsdpOptions, mesh: DeviceMesh, classes: tuple[type, ...]
 ) -> None:
-    """Shard ``model`` in place over ``mesh``; under cpu_ram_efficient_loading, fill it from rank 0."""
+    """Shard ``model`` in place over ``mesh``; under cpu_ram_efficient_loading, fill it from rank 0 (4-bit
+    weights included: ``ktrain_fsdp.quantized``)."""
     efficient = options.cpu_ram_efficient_loading
-    full = model.state_dict() if efficient and run.rank == 0 else {}
+    full = tensor_state(model) if efficient and run.rank == 0 else {}
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()} if efficient and run.rank == 0 else {}
     offload = CPUOffloadPolicy(pin_memory=run.device.type == "cuda") if options.offload_params else OffloadPolicy()
     settings = {
@@ -61,6 +63,8 @@ def apply_fsdp2(
         "mp_policy": mixed_precision(run.compute_dtype),
         "offload_policy": offload,
     }
+    if efficient:  # 4-bit layers: their quantization state is no parameter, so it is sent apart
+        share_quant_states(model, run.rank, run.device)
     for unit in units(model, options, classes):
         fully_shard(unit, **settings)
     fully_shard(model, **settings)
