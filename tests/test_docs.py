@@ -166,5 +166,66 @@ def test_cli_md_lists_every_command_and_exit_code() -> None:
         assert re.search(rf"^\| `{code}` \|", text, re.MULTILINE), f"docs/cli.md lacks the exit code {code}"
 
 
+# ---------------------------------------------------------------------------------------------------
+# The project speaks of itself, never of how it was built
+# ---------------------------------------------------------------------------------------------------
+
+HISTORY_PLACES = ("README.md", "docs", "kernel", "plugins", "contrib", "configs")
+HISTORY_SUFFIXES = {".md", ".py", ".yaml", ".yml", ".toml", ".sh", ".cfg"}
+HISTORY_SKIPPED = {"results", ".venv", "build", "__pycache__"}  # docs/results/ holds raw reports
+_ORDINAL = r"first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|this|that|last|previous|earlier|later"
+HISTORY = re.compile(
+    rf"\b(?:{_ORDINAL}|next|development|work)\s+sessions?\b"  # "the fourth session", "a second session"
+    r"|\bissues?[\s-]*#?\d+"  # "issue 9", "issue-9's shape"
+    r"|\bissue['’]s\b|\b(?:as|what) the issue\b|\bthe issue (?:asks|measured|says|fixes|states)\b"
+    r"|\bseed (?:article|configs?)\b|\barticles?\b"
+    r"|\breference trainer\b"
+    rf"|\b(?:{_ORDINAL}|next) round\b",  # "this round", "a later round"
+    re.IGNORECASE,
+)
+
+
+def _prose_of_python(text: str) -> list[tuple[int, str]]:
+    """The comments and strings of Python source, by line: names in code are not prose."""
+    import io
+    import tokenize
+
+    kinds = {tokenize.COMMENT, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
+    lines: list[tuple[int, str]] = []
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type in kinds:
+            lines += [(token.start[0] + i, part) for i, part in enumerate(token.string.splitlines())]
+    return lines
+
+
+def history_lines(root: Path) -> list[str]:
+    """``file:line: text`` of every line of prose under ``root``'s HISTORY_PLACES that narrates the project's making."""
+    files: list[Path] = []
+    for place in HISTORY_PLACES:
+        path = root / place
+        found = [path] if path.is_file() else sorted(path.rglob("*"))
+        files += [
+            f
+            for f in found
+            if f.is_file()
+            and f.suffix in HISTORY_SUFFIXES
+            and not HISTORY_SKIPPED & set(f.relative_to(root).parts)
+            and not any(part.endswith(".egg-info") for part in f.parts)
+        ]
+    hits: list[str] = []
+    for f in files:
+        text = f.read_text(encoding="utf-8")
+        lines = _prose_of_python(text) if f.suffix == ".py" else list(enumerate(text.splitlines(), 1))
+        hits += [f"{f.relative_to(root)}:{n}: {line.strip()}" for n, line in lines if HISTORY.search(line)]
+    return hits
+
+
+def test_no_history_in_docs_comments_or_configs() -> None:
+    """Docs, docstrings, comments and configs name the thing ("Axolotl", "the 1.5B Llama shape of
+    configs/bench"), never the work that made it (sessions, issue numbers, the article it started from)."""
+    hits = history_lines(DOCS.parent)
+    assert not hits, "history in the project's own words; name the thing instead:\n" + "\n".join(hits)
+
+
 if __name__ == "__main__":
     write_config_md()
