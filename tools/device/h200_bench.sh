@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 benchmark session (device tool): `ktrain bench` on the issue-9 1.5B shape beside plain HF,
+# The H200 benchmark run (device tool): `ktrain bench` on the 1.5B Llama shape beside plain HF,
 # then the GPU-marked tests. Results land in $OUT/b; docs/performance.md quotes them.
 #   run: bash tools/device/h200_bench.sh   (carry .whl: the wheels of pluggy, attrs, cattrs, liger-kernel, and for
 # DeepSpeed its wheel built here with `pip wheel deepspeed --no-deps` and hjson, pydantic, pydantic-core,
@@ -22,7 +22,7 @@ if [ -n "${RANDOM_WEIGHTS:-}" ]; then  # random weights of configs/bench/$RANDOM
   rc=$?; echo "$(date +%T) weights rc=$rc"; tail -1 "$OUT/b/weights.txt"
   SIDE_ARGS=(--set base_model=/tmp/weights --set random_init_weights=false) PEER_WEIGHTS=(--weights /tmp/weights)
 fi
-if [ -n "${QLORA_PEER:-}" ]; then  # issue 7's peer (HF + peft + bitsandbytes) on a bench config, same call
+if [ -n "${QLORA_PEER:-}" ]; then  # the QLoRA peer (HF + peft + bitsandbytes) on a bench config, same call
   timeout ${BENCH_TIMEOUT:-200} python plugins/lora/benchmarks/qlora_peer.py "configs/bench/$QLORA_PEER.yaml" \
     ${BENCH_ARGS:-} "${PEER_WEIGHTS[@]}" --json "$OUT/b/qlora_peer.json" > "$OUT/b/qlora_peer.txt" 2>&1; rc=$?; echo "$(date +%T) qlora peer rc=$rc"; tr "\r" "\n" < "$OUT/b/qlora_peer.txt" | grep -v "Loading weights" | tail -3
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The device's clock, power and temperature (nvidia-smi, every 250 ms, to $OUT/smi.csv) while the issue-9
+# The device's clock, power and temperature (nvidia-smi, every 250 ms, to $OUT/smi.csv) while the 1.5B
 # benchmark and the step's matrix multiplies and attention run alone; what docs/performance.md's section
-# "seventh session: the power limit" reads. Each output line is stamped with the time, to place it in smi.csv.
+# "The power limit" reads. Each output line is stamped with the time, to place it in smi.csv.
 #   run: PARTS="bench long gemm sdpa" bash tools/device/power_cap.sh   (carry .whl)
 # bench: `ktrain bench llama_1p5b_fused_loss_master --peer hf` (5 + 20 steps); long: the same with 40 + 40;
 # gemm: tests/benchmarks/gemm_shapes.py --sustain 20, with cuBLAS and cuBLASLt; sdpa: tests/benchmarks/sdpa_backends.py.
