@@ -1,54 +1,101 @@
-"""The seed article's configs (../shared/compat/seed/): each passes `ktrain check`, or stops at once naming
-the plugin distribution its keys need, when that plugin is not installed."""
+"""Configs users copy from Axolotl guides (tests/fixtures/seed/) train for real, on CPU at 2 ranks.
+
+Each file is run as written, but for what a CPU test must change: the model (a tiny Llama or Qwen3 with
+saved weights), the data (chat rows), the steps (2), the sequence length (64, the tiny model's limit) and
+the mesh sizes (2 ranks). liger.yaml needs a GPU: on a CPU it is refused before any rank starts.
+"""
 
 from __future__ import annotations
 
-import importlib.metadata
-import re
+import importlib.util
+import math
 from pathlib import Path
 
 import pytest
+import torch
+import transformers
 
-from ktrain.cli import main
-from tests.kit import QUICKSTART, REPO, model_dir
+from tests.kit import REPO, dataset, ktrain, model_dir, records
 
-SEED = REPO.parent / "shared" / "compat" / "seed"
-CONFIGS = sorted(SEED.glob("*.yaml"))
-OVERRIDES = [
-    "--set", f"base_model={QUICKSTART / 'model'}",
-    "--set", f"datasets=[{{path: {QUICKSTART / 'data' / 'train.jsonl'}, type: chat_template}}]",
-]  # fmt: skip
-
-
-def _installed(dist: str) -> bool:
-    try:
-        importlib.metadata.distribution(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-def test_the_seed_configs_are_there() -> None:
-    assert len(CONFIGS) == 8, f"expected the article's 8 configs in {SEED}"
+SEED = REPO / "tests" / "fixtures" / "seed"
+MESHES = {  # config: the mesh sizes of a 2-rank run (the rest of the ranks the file names are not here)
+    "fsdp1": {},
+    "fsdp2": {},
+    "fsdp_qlora": {},
+    "hsdp_tp": {"dp_replicate_size": 2, "dp_shard_size": 1, "tensor_parallel_size": 1},
+    "hsdp_tp-tp": {"dp_replicate_size": 1, "dp_shard_size": 1, "tensor_parallel_size": 2},
+    "qwen3_fsdp_tp_cp": {"dp_shard_size": 1, "context_parallel_size": 2, "tensor_parallel_size": 1},
+    "oom_rescue": {},
+    "zero3": {},
+}
+PLUGINS = {"fsdp": "ktrain_fsdp", "qlora": "ktrain_lora", "tp": "ktrain_parallel", "zero3": "ktrain_deepspeed"}
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
-def test_seed_config_checks_or_names_the_missing_plugin(config: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)  # output_dir: ./outputs/... stays in tmp_path
-    if _installed("ktrain-plugin-deepspeed"):  # the article's user fetches deepspeed_configs/*.json first
-        assert main(["fetch", "deepspeed_configs"]) == 0
-    overrides = list(OVERRIDES)
-    if "Qwen3DecoderLayer" in config.read_text():  # its FSDP block class is checked against the local model
-        overrides[1] = f"base_model={model_dir(tmp_path, model_type='qwen3', architectures=['Qwen3ForCausalLM'])}"
-    code = main(["check", str(config), *overrides])
-    err = capsys.readouterr().err
-    if code == 0:
-        return
-    assert code == 2
-    problems = [line for line in err.splitlines() if line.startswith("  - ")]
-    assert problems, err
-    for line in problems:
-        # a key of a plugin that is not installed, or a mesh dimension (tensor_parallel_size) only a plugin fills
-        found = re.search(r"belong to the plugin (ktrain-plugin-[a-z]+), which is not installed|; install (\S+)$", line)
-        assert found, f"{config.name}: a problem that is not a missing plugin: {line}"
-        assert not _installed(found.group(1) or found.group(2))
+def test_every_config_is_a_case() -> None:
+    """Every fixture is trained below, or refused (liger.yaml)."""
+    assert {p.stem for p in SEED.glob("*.yaml")} == {name.split("-")[0] for name in MESHES} | {"liger"}
+
+
+def _saved_model(folder: Path, **overrides: object) -> Path:
+    """The tiny model of tests/kit.py with seeded random weights saved (QLoRA quantizes saved weights)."""
+    path = model_dir(folder, **overrides)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(path)).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama, a tiny Qwen3 (both with weights) and 64 chat rows."""
+    path = tmp_path_factory.mktemp("seed")
+    _saved_model(path)
+    _saved_model(path / "qwen3", model_type="qwen3", architectures=["Qwen3ForCausalLM"])
+    dataset(path, 64)
+    return path
+
+
+def _sets(root: Path, name: str) -> list[str]:
+    """``--set`` arguments: the model, the data, 2 steps, sequence length 64, and the mesh of 2 ranks."""
+    model = root / "qwen3" / "model" if name.startswith("qwen3") else root / "model"
+    pairs = {
+        "base_model": model,
+        "datasets": f"[{{path: {root / 'train.jsonl'}, type: chat_template}}]",
+        "max_steps": 2,
+        "sequence_len": 64,
+        **MESHES.get(name, {}),
+    }
+    return [arg for key, value in pairs.items() for arg in ("--set", f"{key}={value}")]
+
+
+def _needs(name: str) -> None:
+    for word, module in PLUGINS.items():
+        if word in name and importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MESHES))
+def test_config_trains_on_two_ranks(name: str, root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _needs(name)
+    monkeypatch.chdir(tmp_path)  # output_dir: ./outputs/..., deepspeed: deepspeed_configs/... are relative
+    config = SEED / f"{name.split('-')[0]}.yaml"
+    if "deepspeed:" in config.read_text():  # the JSON files Axolotl users fetch first
+        assert ktrain("fetch", "deepspeed_configs").returncode == 0
+    done = ktrain("run", str(config), *_sets(root, name), "--nproc-per-node", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "outputs" / config.stem
+    losses = records(out)
+    assert max(losses) == 2 and all(math.isfinite(v) and 0 < v < 10 for v in losses.values()), losses
+    assert (out / "final").is_dir()
+
+
+def test_liger_is_refused_on_a_cpu_before_any_rank_starts(root: Path, tmp_path: Path, monkeypatch) -> None:
+    """Liger's kernels are Triton (GPU): on a CPU, one line that says so, exit 2, and no run directory."""
+    pytest.importorskip("ktrain_liger")
+    monkeypatch.chdir(tmp_path)
+    done = ktrain("run", str(SEED / "liger.yaml"), *_sets(root, "liger"), "--nproc-per-node", "2")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    problems = [line for line in done.stderr.splitlines() if line.startswith("  - ")]
+    assert len(problems) == 1 and "liger" in problems[0].lower(), done.stderr
+    assert not (tmp_path / "outputs").exists()
