@@ -12,11 +12,11 @@ import yaml
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A local HF model folder (config.json of a tiny Llama) that ``base_model`` can point at."""
-    from transformers import LlamaConfig
+    """A local HF model folder (config.json and random weights of a tiny Llama) that ``base_model`` can point at."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     path = tmp_path_factory.mktemp("tiny-llama")
-    LlamaConfig(
+    config = LlamaConfig(
         vocab_size=128,
         hidden_size=16,
         intermediate_size=32,
@@ -24,7 +24,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         num_attention_heads=2,
         num_key_value_heads=2,
         max_position_embeddings=64,
-    ).save_pretrained(path)
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
     return path
 
 

@@ -147,11 +147,16 @@ def _preprocess(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
+    from ktrain.registry import collect
     from ktrain.report_text import describe_keys
     from ktrain.resolve import load_plugins_and_config
 
-    _, config = load_plugins_and_config(None, [])
-    print(describe_keys(config))
+    plugins, config = load_plugins_and_config(None, [])
+    names = {
+        "optimizer": sorted(collect(plugins, "ktrain_register_optimizers", "optimizer").items),
+        "lr_scheduler": sorted(collect(plugins, "ktrain_register_lr_schedulers", "lr scheduler").items),
+    }
+    print(describe_keys(config, names))
     return EXIT_OK
 
 

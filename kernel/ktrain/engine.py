@@ -43,7 +43,7 @@ class Engine:
         self.model = model
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
-        self.max_grad_norm = max_grad_norm
+        self.max_grad_norm = max_grad_norm or None  # 0: no clipping
 
     @contextlib.contextmanager
     def accumulate(self, last: bool) -> Iterator[None]:

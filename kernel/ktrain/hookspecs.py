@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from torch.optim import Optimizer
     from torch.optim.lr_scheduler import LRScheduler
 
+    from ktrain.config.launch import Launch
     from ktrain.config.model import Config
     from ktrain.config.report import Report
     from ktrain.engine import Engine
@@ -91,12 +92,17 @@ def ktrain_activate(config: Config, activate: Callable[..., None]) -> None:
 
 
 @hookspec
-def ktrain_validate_config(config: Config, report: Report) -> None:
+def ktrain_validate_config(config: Config, report: Report, launch: Launch | None) -> None:
     """Check relations between keys (one key alone is checked by its attrs type).
 
     Called on the launching process after activation, on entry modules and runtime objects. Add
     problems with ``report.error(path, message)`` and notes with ``report.warn(path, message)``; a
     message says what to do. Must not import torch or touch a device. Every plugin answers.
+
+    ``launch`` says where the run will happen: under ``ktrain run`` a ``Launch`` with the world size and
+    the device type of the ranks (``"cuda"`` or ``"cpu"``), so a check that depends on them can refuse
+    the run before any rank starts; under ``ktrain check --world-size N`` a ``Launch`` with that world
+    size and no device; otherwise (``ktrain check``, on the ranks) None: warn instead of refusing.
     """
 
 

@@ -24,14 +24,15 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _plan(args: argparse.Namespace) -> Plan:
-    requested = args.nproc_per_node * args.nnodes if args.nproc_per_node else None
-    plan = prepare(args.config, args.overrides, world_size=requested)
-    if requested is None and plan.mesh.world_size == 1:
-        import torch
+    import torch
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # what the ranks will use
+    requested = args.nproc_per_node * args.nnodes if args.nproc_per_node else None
+    plan = prepare(args.config, args.overrides, world_size=requested, device=device)
+    if requested is None and plan.mesh.world_size == 1:
         gpus = torch.cuda.device_count()
         if gpus > 1:
-            plan = prepare(args.config, args.overrides, world_size=gpus * args.nnodes)
+            plan = prepare(args.config, args.overrides, world_size=gpus * args.nnodes, device=device)
     if plan.mesh.world_size % args.nnodes:
         raise ConfigError.single(
             "--nnodes", f"the mesh has {plan.mesh.world_size} ranks, which {args.nnodes} machines cannot share evenly"

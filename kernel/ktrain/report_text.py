@@ -8,7 +8,8 @@ import attrs
 
 from ktrain import hookspecs
 from ktrain.config.model import Config
-from ktrain.plugins import DEFAULT_OWNERS, Plugins
+from ktrain.config.paths import hub_models
+from ktrain.plugins import DEFAULT_OWNERS, KERNEL_INFO_NAME, Plugins
 from ktrain.resolve import Plan
 
 
@@ -20,11 +21,18 @@ def _value(value: object) -> str:
 def describe_plan(plan: Plan, every_key: bool = False) -> str:
     """The resolved config (value, owner, origin), the active plugins with their roles, and the mesh."""
     config = plan.config
-    shown = sorted(config.owners) if every_key else sorted(config.present)
+    shown = sorted(config.owners) if every_key else sorted(config.present | config.unset)
     title = "every key" if every_key else "keys set (--all shows every key)"
     lines = [f"config {config.source}: OK", "", f"{title} (value, owner, from):"]
     for key in shown:
-        lines.append(f"  {key} = {_value(getattr(config, key))}    [{config.owners[key]}; {config.origins[key]}]")
+        if key in config.owners:
+            lines.append(f"  {key} = {_value(getattr(config, key))}    [{config.owners[key]}; {config.origins[key]}]")
+        else:  # written as null, and no installed plugin declares it
+            lines.append(f"  {key}    [no installed plugin; {config.origins[key]}]")
+    hub = hub_models(config)
+    if hub:
+        lines += ["", "from the Hugging Face Hub when the run loads the model (not contacted by check):"]
+        lines += [f"  {line}" for line in hub]
     lines += ["", "plugins in this run (roles):"]
     for act in plan.plugins.activations:
         who = act.plugin.describe() if not act.default else f"kernel default {act.obj}"
@@ -37,15 +45,19 @@ def describe_plan(plan: Plan, every_key: bool = False) -> str:
     return "\n".join(lines)
 
 
-def describe_keys(config: Config) -> str:
-    """Every key, grouped by owner and section, with its default and help."""
+def describe_keys(config: Config, names: dict[str, list[str]]) -> str:
+    """Every key, grouped by owner (the kernel first, then plugins by name) and section, with its default and
+    help; a key in ``names`` (``optimizer``, ``lr_scheduler``) lists the names plugins registered for it."""
     lines = []
-    for section in config.sections.values():
-        fields = attrs.fields(type(section))
-        owner = config.owners[fields[0].name] if fields else "?"
-        lines.append(f"{type(section).__name__} ({owner}):")
-        for f in fields:
+    sections = [s for s in config.sections.values() if attrs.fields(type(s))]
+    owner = {id(s): config.owners[attrs.fields(type(s))[0].name] for s in sections}
+    sections.sort(key=lambda s: (owner[id(s)] != KERNEL_INFO_NAME, owner[id(s)]))  # stable: sections in order
+    for section in sections:
+        lines.append(f"{type(section).__name__} ({owner[id(section)]}):")
+        for f in attrs.fields(type(section)):
             lines.append(f"  {f.name} = {_value(getattr(section, f.name))}    {f.metadata.get('help', '')}")
+            if f.name in names:
+                lines.append(f"    one of: {', '.join(names[f.name])}")
     return "\n".join(lines)
 
 

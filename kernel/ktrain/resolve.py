@@ -6,18 +6,20 @@ ends up in one ``ConfigError`` report, each with the key it concerns.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
-from ktrain.config.load import Section, load_config
+from ktrain.config.install import install_command
+from ktrain.config.launch import Launch
+from ktrain.config.load import Section, read_config
 from ktrain.config.model import Config
+from ktrain.config.paths import check_paths
 from ktrain.config.report import ConfigError, Problem, Report
 from ktrain.mesh import KERNEL_DIMS, MeshPlan, check_sizes, plan_mesh
-from ktrain.plugins import Plugins, activate, discover
+from ktrain.plugins import PluginError, Plugins, activate, discover
 from ktrain.registry import Registry, collect
 
 
@@ -37,7 +39,20 @@ class Plan:
 def load_plugins_and_config(
     path: str | Path | None, overrides: list[str], extra_plugins: Iterable[tuple[str, Any]] = ()
 ) -> tuple[Plugins, Config]:
-    """Discover plugins, collect the config sections they declare, and structure the file."""
+    """Discover plugins, collect the config sections they declare, and structure the file.
+
+    Raises ``ConfigError`` with every problem of the keys.
+    """
+    plugins, config, report, _ = _read(path, overrides, extra_plugins)
+    if report.errors:
+        raise ConfigError(report)
+    return plugins, config
+
+
+def _read(
+    path: str | Path | None, overrides: list[str], extra_plugins: Iterable[tuple[str, Any]]
+) -> tuple[Plugins, Config, Report, set[str]]:
+    """The plugins, the config, the report of its keys' problems and the keys refused (see ``read_config``)."""
     plugins = discover(extra_plugins)
     sections: list[Section] = []
 
@@ -46,7 +61,7 @@ def load_plugins_and_config(
 
     plugins.call_with_callback("ktrain_register_config", register=register)
     installed = {info.distribution for info in plugins.infos}
-    return plugins, load_config(path, overrides, sections, installed)
+    return plugins, *read_config(path, overrides, sections, installed)
 
 
 def prepare(
@@ -54,14 +69,32 @@ def prepare(
     overrides: list[str] = (),
     *,
     world_size: int | None = None,
+    device: Literal["cuda", "cpu"] | None = None,
     extra_plugins: Iterable[tuple[str, Any]] = (),
     with_defaults: bool = False,
 ) -> Plan:
-    """Load, activate and check everything for a run of ``world_size`` ranks (None: what the mesh asks)."""
-    plugins, config = load_plugins_and_config(path, list(overrides), extra_plugins)
-    activate(plugins, config, with_defaults=with_defaults)
-    report = Report(config.source)
-    plugins.hook.ktrain_validate_config(config=config, report=report)
+    """Load, activate and check everything for a run of ``world_size`` ranks (None: what the mesh asks).
+
+    ``device`` is the device type the ranks will use (``ktrain run`` passes it; None where it is not
+    known): with it, or with ``world_size``, plugins' checks get a ``Launch``. The problems of every
+    stage are reported together: unknown keys are left out and refused values hold their defaults while
+    the plugins' checks, the registries and the mesh are checked; only a role conflict ends it early.
+    """
+    plugins, config, report, refused = _read(path, list(overrides), extra_plugins)
+    try:
+        activate(plugins, config, with_defaults=with_defaults)
+    except PluginError as e:
+        if not report.errors:
+            raise
+        report.error("", str(e))
+        raise ConfigError(report) from None
+    loaded = len(report.problems)
+    mesh_report = Report(config.source)
+    mesh = _plan_mesh(plugins, config, world_size, mesh_report)
+    launch = None
+    if device is not None or world_size is not None:
+        launch = Launch(world_size=mesh.world_size if mesh is not None else world_size, device=device)
+    plugins.hook.ktrain_validate_config(config=config, report=report, launch=launch)
     optimizers = collect(plugins, "ktrain_register_optimizers", "optimizer")
     schedulers = collect(plugins, "ktrain_register_lr_schedulers", "lr scheduler")
     formats = collect(plugins, "ktrain_register_dataset_formats", "dataset format")
@@ -72,39 +105,12 @@ def prepare(
     for i, entry in enumerate(config.datasets):
         if entry.type is not None and entry.type not in formats:
             report.error(f"datasets[{i}].type", formats.unknown(entry.type, f"datasets[{i}].type"))
-    _check_paths(config, report)
-    mesh = _plan_mesh(plugins, config, world_size, report)
+    check_paths(config, report)
+    report.problems.extend(mesh_report.problems)
+    report.problems[loaded:] = [p for p in report.problems[loaded:] if p.top_key not in refused]
     if report.errors or mesh is None:
         raise ConfigError(report)
     return Plan(config, plugins, mesh, optimizers, schedulers, formats, report.warnings)
-
-
-def looks_local(name: str) -> bool:
-    """A model or dataset name is a local path when it starts like one or exists; else a hub id."""
-    return name.startswith((".", "/", "~")) or os.path.exists(name) or name.count("/") > 1
-
-
-def _exists(path: str) -> bool:
-    """Whether ``path`` exists; False (not an OSError) for names too long or with a NUL byte."""
-    return os.path.exists(os.path.expanduser(path))
-
-
-def _check_paths(config: Config, report: Report) -> None:
-    for key in ("base_model", "base_model_config", "tokenizer_config"):
-        value = getattr(config, key)
-        if value and looks_local(value) and not _exists(value):
-            report.error(key, f"{value} does not exist; give a local model folder or a hub id")
-    if not config.base_model and not config.base_model_config:
-        report.error("base_model", "required: a local HF model folder or a hub id")
-    for i, entry in enumerate(config.datasets):
-        if entry.path and looks_local(entry.path) and not _exists(entry.path):
-            report.error(f"datasets[{i}].path", f"{entry.path} does not exist")
-    if config.exact_match_eval and not os.path.isfile(config.exact_match_eval):
-        report.error("exact_match_eval", f"{config.exact_match_eval} is not a file")
-    out = Path(config.output_dir).expanduser().absolute()
-    existing = next((p for p in (out, *out.parents) if os.path.exists(p)), None)
-    if existing is not None and (not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK)):
-        report.error("output_dir", f"{config.output_dir} cannot be written ({existing} is not a writable folder)")
 
 
 def _plan_mesh(plugins: Plugins, config: Config, world_size: int | None, report: Report) -> MeshPlan | None:
@@ -126,14 +132,16 @@ def _plan_mesh(plugins: Plugins, config: Config, world_size: int | None, report:
         report.error(
             "dp_shard_size",
             "sharding needs a sharding plugin: set fsdp_version/fsdp_config (ktrain-plugin-fsdp) or deepspeed "
-            "(ktrain-plugin-deepspeed); for plain data parallel use dp_replicate_size",
+            f"(ktrain-plugin-deepspeed){_install_hint(plugins, 'ktrain-plugin-fsdp', 'ktrain-plugin-deepspeed')}; "
+            "for plain data parallel use dp_replicate_size",
         )
     for dim, size in sizes.items():
         if dim.startswith("dp_") or not (size > 1 or size == -1):
             continue
         if f"mesh:{dim}" not in owners:
             key = KERNEL_DIMS.get(dim, dim)
-            report.error(key, f"no active plugin parallelizes the '{dim}' dimension; install ktrain-plugin-parallel")
+            hint = _install_hint(plugins, "ktrain-plugin-parallel") if dim in ("tp", "cp") else ""
+            report.error(key, f"no active plugin parallelizes the '{dim}' dimension{hint}")
     if len(report.errors) > known_errors:
         return None
     try:
@@ -141,3 +149,10 @@ def _plan_mesh(plugins: Plugins, config: Config, world_size: int | None, report:
     except ConfigError as e:
         report.problems.extend(e.report.problems)
         return None
+
+
+def _install_hint(plugins: Plugins, *distributions: str) -> str:
+    """``; install one: `pip install ...``` for those of ``distributions`` that are not installed, else ''."""
+    installed = {info.distribution for info in plugins.infos}
+    commands = [f"`{install_command(d)}`" for d in distributions if d not in installed]
+    return f"; to install: {' or '.join(commands)}" if commands else ""

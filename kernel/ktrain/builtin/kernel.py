@@ -13,7 +13,6 @@ from ktrain import hookimpl
 from ktrain.config.keys import KERNEL_SECTIONS
 from ktrain.data import templates
 from ktrain.registry import lazy
-from ktrain.resolve import looks_local
 
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_fp32_master", "adamw", "sgd", "adafactor")
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
@@ -139,8 +138,6 @@ def _check_data(config: Any, report: Any) -> None:
             where = f"{key}[{i}]"
             if not entry.path:
                 report.error(f"{where}.path", "required: the file or folder to read")
-            elif key != "datasets" and looks_local(entry.path) and not os.path.exists(os.path.expanduser(entry.path)):
-                report.error(f"{where}.path", f"{entry.path} does not exist")
             if entry.chat_template is not None and entry.chat_template not in templates.CHOICES:
                 report.error(f"{where}.chat_template", _unknown_template(entry.chat_template))
             if key == "pretraining_dataset" and entry.type not in (None, "pretrain", "pretraining"):

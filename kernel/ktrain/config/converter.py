@@ -7,15 +7,19 @@ and an int is accepted where a float is expected (``learning_rate: 1`` means 1.0
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import types
 import typing
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
+import attrs.validators
 import cattrs
 from cattrs.errors import (
+    AttributeValidationNote,
     ClassValidationError,
     ForbiddenExtraKeysError,
     IterableValidationError,
@@ -111,13 +115,68 @@ def _dict_hook(conv: cattrs.Converter):
     return structure
 
 
+def written(value: dict) -> dict:
+    """The keys of a mapping that hold a value: a null (an empty value in YAML) means "not set"."""
+    return {k: v for k, v in value.items() if v is not None}
+
+
+@contextlib.contextmanager
+def _validators_off() -> Iterator[None]:
+    """attrs validators off while a class is built (nested classes too), restored after."""
+    before = attrs.validators.get_disabled()
+    attrs.validators.set_disabled(True)
+    try:
+        yield
+    finally:
+        attrs.validators.set_disabled(before)
+
+
+def _validate(obj: Any, cl: type, skip: set[str]) -> list[Exception]:
+    """Run the attrs validator of every field not in ``skip``: one error per failing field, under its key's name.
+
+    attrs runs validators in ``__init__``, where a failure names no field cattrs can report; here each
+    failure becomes ``key: message`` like every other problem.
+    """
+    errors: list[Exception] = []
+    for f in attrs.fields(cl):
+        if f.validator is None or f.name in skip:
+            continue
+        try:
+            f.validator(obj, f, getattr(obj, f.name))
+        except (ValueError, TypeError) as e:
+            text = str(e.args[0]) if e.args else str(e)
+            text = text.removeprefix(f"'{f.name}' ")
+            error = ValueError(text)
+            error.__notes__ = [
+                AttributeValidationNote(f"Structuring class {cl.__qualname__} @ attribute {f.name}", f.name, f.type)
+            ]
+            errors.append(error)
+    return errors
+
+
 def _attrs_hook_factory(conv: cattrs.Converter):
     def factory(cl: type):
         inner = make_dict_structure_fn(cl, conv, _cattrs_forbid_extra_keys=True)
 
         def structure(value: Any, _tp: Any) -> Any:
             _kind_check(value, dict)
-            return inner(value, cl)
+            value = written(value)
+            failed: list[Exception] = []
+            bad: set[str] = set()
+            with _validators_off():
+                try:
+                    obj = inner(value, cl)
+                except ClassValidationError as e:  # validate the other keys too: every problem at once
+                    failed = list(e.exceptions)
+                    bad = {note.name for _, note in e.group_exceptions()[0]}
+                    try:
+                        obj = inner({k: v for k, v in value.items() if k not in bad}, cl)
+                    except Exception:
+                        raise e from None
+            failed += _validate(obj, cl, skip=bad)
+            if failed:
+                raise ClassValidationError(f"While structuring {cl.__name__}", failed, cl)
+            return obj
 
         return structure
 

@@ -114,7 +114,7 @@ class BatchKeys:
 class OptimizerKeys:
     """Optimizer, clipping and schedule."""
 
-    optimizer: str = key("adamw_torch", "optimizer name (see `ktrain plugins`)")
+    optimizer: str = key("adamw_torch", "optimizer name (`ktrain keys` lists those registered)")
     learning_rate: float = key(2e-5, "peak learning rate")
     weight_decay: float = key(0.0, "decoupled weight decay, on matrices only")
     adam_beta1: float = key(0.9, "Adam beta1")

@@ -8,7 +8,8 @@ from typing import Any
 
 import attrs
 
-from ktrain.config.converter import make_converter, report_errors
+from ktrain.config.converter import make_converter, report_errors, written
+from ktrain.config.install import install_command
 from ktrain.config.keys import PLUGIN_KEYS
 from ktrain.config.model import Config
 from ktrain.config.report import ConfigError, Report
@@ -56,8 +57,25 @@ def load_config(
     """Read ``path`` (None: an empty config), apply ``overrides``, structure every section.
 
     Raises ``ConfigError`` with every problem found: unknown keys (with a "did you mean"), keys of
-    plugins that are not installed (naming the distribution), wrong types and values, each with its
+    plugins that are not installed (naming what to install), wrong types and values, each with its
     key path.
+    """
+    config, report, _ = read_config(path, overrides, sections, installed)
+    if report.errors:
+        raise ConfigError(report)
+    return config
+
+
+def read_config(
+    path: str | Path | None, overrides: list[str], sections: list[Section], installed: set[str] | None = None
+) -> tuple[Config, Report, set[str]]:
+    """Like ``load_config``, but the key problems are returned, not raised, so that later checks still run.
+
+    Returns the config, the report of its problems, and the top-level keys whose value was refused (a
+    wrong type or value): they hold their default, and later stages' problems about them are noise. An
+    unknown key, or one of a plugin that is not installed, is left out. A key written as null (an
+    empty value) holds its default and is not *present*, also when no installed plugin declares it.
+    Only problems of the file itself (missing, not YAML, a bad ``--set``) raise ``ConfigError``.
     """
     source = str(path) if path is not None else "--set"
     data, lines = load_yaml(Path(path)) if path is not None else ({}, {})
@@ -74,7 +92,8 @@ def load_config(
             owner_of[f.name] = section
     parts: dict[type, dict[str, Any]] = {s.cls: {} for s in sections}
     missing: dict[str, list[str]] = {}
-    for name, value in data.items():
+    unset = {name for name, value in data.items() if isinstance(name, str) and value is None}
+    for name, value in written(data).items():
         if not isinstance(name, str):
             report.error(str(name), "keys must be strings")
         elif name in owner_of:
@@ -84,25 +103,42 @@ def load_config(
         else:
             report.error(name, _unknown_key_message(name, list(owner_of)))
     for dist, names in missing.items():
-        report.error(", ".join(names), f"belong to the plugin {dist}, which is not installed: `pip install {dist}`")
+        hint = install_command(dist)
+        report.error(", ".join(names), f"belong to the plugin {dist}, which is not installed: `{hint}`")
     converter = make_converter()
     structured: dict[type, Any] = {}
+    refused: set[str] = set()
     for cls, part in parts.items():
         try:
             structured[cls] = converter.structure(part, cls)
         except Exception as e:
+            before = len(report.problems)
             report_errors(e, "", cls, report)
-    if report.errors:
-        raise ConfigError(report)
+            bad = {p.top_key for p in report.problems[before:]}
+            structured[cls] = _with_defaults(converter, cls, part, bad)
+            refused |= bad
     for name in owner_of:
         origins.setdefault(name, "default")
-    return Config(
+    for name in unset:
+        origins[name] = f"{origins.get(name, source)}, null: unset"
+    config = Config(
         sections=structured,
         owners={name: s.owner for name, s in owner_of.items()},
-        present=frozenset(k for k in data if isinstance(k, str)),
+        present=frozenset(k for k in written(data) if isinstance(k, str)),
         origins=origins,
         source=source,
+        unset=frozenset(unset),
     )
+    return config, report, refused
+
+
+def _with_defaults(converter: Any, cls: type, part: dict[str, Any], refused: set[str]) -> Any:
+    """The section with its refused keys at their defaults, so that the checks of later stages can run."""
+    try:
+        return converter.structure({k: v for k, v in part.items() if k not in refused}, cls)
+    except Exception:  # a problem that names no key: every key of the section at its default
+        refused |= set(part)
+        return converter.structure({}, cls)
 
 
 def _missing_plugin(name: str, installed: set[str]) -> str | None:

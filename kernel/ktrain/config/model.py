@@ -13,7 +13,8 @@ from ktrain.config.yaml_io import dump_yaml
 class Config:
     """Every section, structured; ``config.micro_batch_size`` reads a key whatever section owns it.
 
-    ``present`` holds the keys the user set (in the file or with ``--set``); ``origins`` says where
+    ``present`` holds the keys the user set (in the file or with ``--set``) to a value; ``unset`` those
+    written as null (an empty value), which hold their default and are not present; ``origins`` says where
     each value came from; ``owners`` which plugin owns each key.
     """
 
@@ -22,6 +23,7 @@ class Config:
     present: frozenset[str]
     origins: dict[str, str]
     source: str
+    unset: frozenset[str] = frozenset()
     _values: dict[str, Any] = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:

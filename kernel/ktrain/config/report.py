@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import attrs
 
 
@@ -15,6 +17,11 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}" if self.path else self.message
+
+    @property
+    def top_key(self) -> str:
+        """The top-level key the path starts with: ``datasets`` for ``datasets[0].type``."""
+        return re.split(r"[.\[, ]", self.path, maxsplit=1)[0]
 
 
 @attrs.define

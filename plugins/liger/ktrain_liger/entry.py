@@ -61,8 +61,19 @@ def ktrain_register_config(register) -> None:
 
 
 @hookimpl
-def ktrain_validate_config(config: Any, report: Any) -> None:
-    """Conflicting spellings and ops; the GPU and the architecture are checked on the ranks, before training."""
+def ktrain_validate_config(config: Any, report: Any, launch: Any) -> None:
+    """Conflicting spellings and ops, and the device: ``ktrain run`` on ranks without CUDA is refused before they
+    start, ``ktrain check`` (which may run anywhere) warns. The architecture is checked on the ranks."""
+    chosen = requested(config)
+    if chosen and (launch is None or launch.device != "cuda"):
+        message = (
+            f"Liger's kernels need a CUDA GPU (enabled by {', '.join(chosen)}); remove the liger_* keys for a "
+            "run without one"
+        )
+        if launch is not None and launch.device == "cpu":
+            report.error(next(iter(chosen)), message + ": the ranks of this run would use the CPU")
+        else:
+            report.warn(next(iter(chosen)), message + "; `ktrain run` refuses it where no CUDA device is visible")
     if config.liger_swiglu is not None and config.is_set("liger_glu_activation"):
         if config.liger_swiglu != config.liger_glu_activation:
             report.error("liger_swiglu", "contradicts liger_glu_activation, its newer spelling; keep one")

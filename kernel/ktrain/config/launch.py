@@ -1,0 +1,20 @@
+"""What a check knows about where the config will run: the number of ranks and their device type."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+
+@attrs.frozen
+class Launch:
+    """The ranks ``ktrain run`` is about to start (``ktrain check --world-size N``: only their number).
+
+    ``world_size`` is None when the mesh sizes could not be resolved (the report already says why);
+    ``device`` is the device type every rank will use, or None where it is not known (``ktrain check``
+    validates anywhere, without a GPU).
+    """
+
+    world_size: int | None
+    device: Literal["cuda", "cpu"] | None = None
