@@ -18,7 +18,7 @@ from typing import Any
 
 from ktrain.config.report import ConfigError
 from ktrain.resolve import Plan, prepare
-from ktrain.run_dir import prepare_run_dir
+from ktrain.run_dir import Before, prepare_run_dir
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -45,27 +45,51 @@ def launch(args: argparse.Namespace) -> int:
     plan = _plan(args)
     for problem in plan.warnings:
         print(f"ktrain: warning: {problem}", file=sys.stderr)
+    before = Before(plan)
     run_dir, lock = prepare_run_dir(plan, args.resume, args.overwrite)
     print(f"ktrain: {plan.mesh.describe()}; run directory {run_dir}", flush=True)
     try:
         if plan.mesh.world_size == 1 and args.nnodes == 1 and not args.max_restarts:
-            return _run_here(run_dir, args.resume)
-        worker = ["-m", "ktrain.worker", str(run_dir), *(["--resume"] if args.resume else [])]
-        return run_ranks(plan.mesh.world_size // args.nnodes, args, worker)
+            code = _run_here(run_dir, args.resume)
+        else:
+            worker = ["-m", "ktrain.worker", str(run_dir), *(["--resume"] if args.resume else [])]
+            code = run_ranks(plan.mesh.world_size // args.nnodes, args, worker)
+        if code == EXIT_BAD_INPUT:
+            before.restore()
+        elif code > 128:
+            _say_interrupted(code - 128, run_dir)
+        return code
     finally:
         lock.close()
 
 
+def _say_interrupted(signum: int, run_dir: Path) -> None:
+    """The one line of a run stopped by a signal: which, and where it can continue from."""
+    from ktrain.run.checkpoints import checkpoint_root, complete_checkpoints
+
+    found = complete_checkpoints(checkpoint_root(run_dir))
+    then = f"--resume continues from {found[-1].name}" if found else "no checkpoint was saved"
+    print(f"ktrain: stopped by {signal.Signals(signum).name}; every rank stopped; {then}", file=sys.stderr, flush=True)
+
+
 def _run_here(run_dir: Path, resume: bool) -> int:
-    from ktrain.data.reading import DataError
+    """The run's one rank in this process; bad input it finds is one line (exit 2), a signal stops it (130, 143)."""
+    from ktrain.run import outcome, stop
     from ktrain.run.trainer import rank_main
 
     try:
-        rank_main(run_dir, resume)
-    except (ConfigError, DataError, FileNotFoundError) as e:
-        print(f"ktrain: {e}", file=sys.stderr)
+        with stop.handled():
+            rank_main(run_dir, resume)
+    except stop.Interrupted as e:
+        return e.exit_code
+    except outcome.bad_input_types() as e:
+        print(f"ktrain: {outcome.one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return EXIT_OK
+
+
+STOPPED = (-signal.SIGTERM, 128 + signal.SIGTERM, 128 + signal.SIGINT)
+"""Exit codes of a rank stopped by a signal: killed by the agent's SIGTERM, or stopped cleanly (``ktrain.run.stop``)."""
 
 
 def _cause(failures: dict) -> tuple[int, Any]:
@@ -75,7 +99,7 @@ def _cause(failures: dict) -> tuple[int, Any]:
     exited) left no error file and comes first: its peers' errors ("connection reset by peer") follow
     from it, though they may be recorded earlier. Then the earliest error wins.
     """
-    live = {rank: f for rank, f in failures.items() if f.exitcode != -signal.SIGTERM} or failures
+    live = {rank: f for rank, f in failures.items() if f.exitcode not in STOPPED} or failures
     silent = {rank: f for rank, f in live.items() if not os.path.isfile(f.error_file)}
     return min((silent or live).items(), key=lambda item: (item[1].timestamp, item[0]))
 
@@ -86,12 +110,27 @@ def _no_message(exitcode: int) -> str:
     return f"none: the rank exited with code {exitcode} without raising"
 
 
+def quiet_agent() -> None:
+    """The elastic agent's own log (its warnings when it stops ranks) goes to no terminal: ktrain says what
+    happened in its own line. ``LOGLEVEL`` (torch elastic's variable) set by the user keeps it."""
+    import logging
+
+    if "LOGLEVEL" in os.environ:
+        return
+    for name in list(logging.Logger.manager.loggerDict):  # each module's logger has its own level set
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.ERROR + 1)
+
+
 def run_ranks(nproc: int, args: argparse.Namespace, worker: list[str]) -> int:
     """Start ``nproc`` ranks here running ``worker`` (``-m MODULE ARGS...``) under the elastic agent, as ``args``
     (``nnodes``, ``max_restarts``, the rendezvous) say; when one fails, stop the others and name the first."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser
     from torch.distributed.run import run as elastic_run
+
+    from ktrain.run import outcome
 
     argv = [
         "--nproc-per-node",
@@ -118,10 +157,18 @@ def run_ranks(nproc: int, args: argparse.Namespace, worker: list[str]) -> int:
         argv += ["--standalone"]
     argv += worker
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    quiet_agent()
     try:
         elastic_run(get_args_parser().parse_args(argv))
+    except SignalException as e:  # SIGINT/SIGTERM to the launcher: the agent passed it on and the ranks stopped
+        return 128 + int(e.sigval)
     except ChildFailedError as e:
         rank, failure = _cause(e.failures)
+        if outcome.is_bad_input(failure):
+            print(f"ktrain: {failure.message['message']}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if failure.exitcode in STOPPED[1:]:  # the ranks, not the launcher, were sent the signal
+            return failure.exitcode
         message = failure.message if os.path.isfile(failure.error_file) else _no_message(failure.exitcode)
         if isinstance(message, dict):
             message = message.get("message", message)

@@ -50,20 +50,51 @@ def lock_workers(out: Path) -> IO:
 
 
 def open_lock(path: Path, mode: int) -> IO:
+    """Lock ``path`` (``fcntl.LOCK_EX`` or ``LOCK_SH``) for the life of the returned handle; an exclusive
+    lock records this process's id in the file, which the refusal of a second run names."""
     handle = _try_lock(path, mode)
     if handle is None:
-        raise RunDirInUse.single(
-            "output_dir", f"{path.parent} is in use by another ktrain run (or its ranks); wait for it or stop it"
-        )
+        holder = path.read_text().strip() if path.is_file() else ""
+        who = f"pid {holder}" if holder.isdigit() else "another ktrain run (or its ranks)"
+        raise RunDirInUse.single("output_dir", f"{path.parent} is in use by {who}; wait for it or stop it")
+    if mode == fcntl.LOCK_EX:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
     return handle
+
+
+def holds_results(out: Path) -> bool:
+    """Whether ``out`` holds what an earlier run produced: a complete checkpoint or the final model.
+
+    A folder a failed start left (the run files, the data cache, no checkpoint) holds nothing to keep.
+    """
+    return (out / "final").is_dir() or has_checkpoint(out)
+
+
+def has_checkpoint(out: Path) -> bool:
+    """Whether ``out/checkpoints`` holds a committed checkpoint whose files have the sizes of its manifest."""
+    from ktrain.run.manifest import read
+
+    root = out / CHECKPOINTS
+    steps = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-")] if root.is_dir() else []
+    return any(read(p) for p in steps)
+
+
+def _clear(out: Path, keep: tuple[str, ...]) -> None:
+    for child in out.iterdir():
+        if child.name not in (LOCK_FILE, WORKER_LOCK_FILE, *keep):
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
 
 
 def prepare_run_dir(plan: Plan, resume: bool, overwrite: bool) -> tuple[Path, IO]:
     """Check ``output_dir`` for this run, lock it, and write the run's config files.
 
-    Refuses (``ConfigError`` naming ``output_dir``) a folder of an earlier run without ``--resume`` or
-    ``--overwrite``, a non-empty folder ktrain did not write, and a folder in use. Nothing is changed
-    before every check passed.
+    Refuses (``ConfigError`` naming ``output_dir``) a folder in use (naming the pid of its launcher), a
+    folder of an earlier run that holds results (``holds_results``) without ``--resume`` or
+    ``--overwrite``, and a non-empty folder ktrain did not write. A folder a failed start left is reused,
+    with one line saying so. Nothing is changed before every check passed.
     """
     config = plan.config
     out = Path(config.output_dir).expanduser().absolute()
@@ -72,12 +103,16 @@ def prepare_run_dir(plan: Plan, resume: bool, overwrite: bool) -> tuple[Path, IO
         raise ConfigError.single(
             "output_dir", f"{out} holds files ktrain did not write; choose an empty or new output_dir"
         )
-    if ours and not (resume or overwrite or config.auto_resume_from_checkpoints or config.resume_from_checkpoint):
+    if resume and overwrite:
+        raise ConfigError.single("--overwrite", "--resume and --overwrite contradict each other; pick one")
+    continuing = resume or config.auto_resume_from_checkpoints or config.resume_from_checkpoint
+    if ours and (out / LOCK_FILE).is_file():
+        open_lock(out / LOCK_FILE, fcntl.LOCK_SH).close()  # in use: say so first, naming its launcher
+    if ours and not (continuing or overwrite) and holds_results(out):
         raise ConfigError.single(
             "output_dir", f"{out} holds an earlier run: pass --resume to continue it or --overwrite to start afresh"
         )
-    if resume and overwrite:
-        raise ConfigError.single("--overwrite", "--resume and --overwrite contradict each other; pick one")
+    _check_continuation(out, plan, resume)
     out.mkdir(parents=True, exist_ok=True)
     lock = open_lock(out / LOCK_FILE, fcntl.LOCK_EX)
     workers = _try_lock(out / WORKER_LOCK_FILE, fcntl.LOCK_EX)
@@ -86,11 +121,53 @@ def prepare_run_dir(plan: Plan, resume: bool, overwrite: bool) -> tuple[Path, IO
         raise RunDirInUse.single("output_dir", f"ranks of an earlier run still hold {out}; stop them first")
     workers.close()
     if overwrite and ours:
-        for child in out.iterdir():
-            if child.name not in (LOCK_FILE, WORKER_LOCK_FILE):
-                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        _clear(out, keep=())
+    elif ours and not continuing and not holds_results(out):
+        print(f"ktrain: {out} holds no checkpoint and no model of an earlier start; starting afresh in it", flush=True)
+        _clear(out, keep=("prepared",))  # the data cache is named by its content's hash: still good
     write_run_files(out, plan)
     return out, lock
+
+
+RUN_FILES = (RUN_FILE, "config.yaml", "config.resolved.yaml")
+
+
+class Before:
+    """``output_dir`` as it was before ``prepare_run_dir``: put back when a rank finds bad input.
+
+    ``restore`` removes what this start added (the whole folder when it did not exist) and writes the run
+    files back as they were. An ``--overwrite`` start has already removed the earlier run's files.
+    """
+
+    def __init__(self, plan: Plan):
+        self.out = Path(plan.config.output_dir).expanduser().absolute()
+        self.existed = self.out.is_dir()
+        self.names = {p.name for p in self.out.iterdir()} if self.existed else set()
+        self.files = {n: (self.out / n).read_bytes() for n in RUN_FILES if (self.out / n).is_file()}
+
+    def restore(self) -> None:
+        """Put ``output_dir`` back as it was (the lock files stay while the launcher holds them)."""
+        if not self.existed:
+            shutil.rmtree(self.out, ignore_errors=True)
+            return
+        _clear(self.out, keep=tuple(self.names))
+        for name in {LOCK_FILE, WORKER_LOCK_FILE} - self.names:
+            (self.out / name).unlink(missing_ok=True)
+        for name, data in self.files.items():
+            (self.out / name).write_bytes(data)
+
+
+def _check_continuation(out: Path, plan: Plan, resume: bool) -> None:
+    """Before a rank starts: ``--resume`` needs a complete checkpoint, and a resume keeps what it cannot change."""
+    from ktrain.resume_check import check_resume
+
+    config = plan.config
+    if config.resume_from_checkpoint:
+        return
+    if resume and not config.auto_resume_from_checkpoints and not has_checkpoint(out):
+        raise ConfigError.single("--resume", f"no complete checkpoint in {out / CHECKPOINTS}; run without --resume")
+    if (resume or config.auto_resume_from_checkpoints) and has_checkpoint(out):
+        check_resume(out, config)
 
 
 def write_run_files(out: Path, plan: Plan) -> None:

@@ -1,7 +1,9 @@
 """What each rank runs: ``python -m ktrain.worker RUN_DIR [--resume]`` (started by ``ktrain run``).
 
-Errors are recorded through torch elastic's error file, so the launcher shows the first failure. A rank
-the agent restarts (``--max-restarts``) resumes from the latest checkpoint when there is one.
+Errors are recorded through torch elastic's error file, so the launcher shows the first failure; bad
+input a rank finds (``ktrain.run.outcome``) is recorded as such, with exit code 2 and no traceback.
+SIGINT and SIGTERM stop every rank together (``ktrain.run.stop``) with exit code 130 or 143. A rank the
+agent restarts (``--max-restarts``) resumes from the latest checkpoint when there is one.
 """
 
 from __future__ import annotations
@@ -9,9 +11,9 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
+import signal
 from pathlib import Path
-
-from torch.distributed.elastic.multiprocessing.errors import record
+from types import FrameType
 
 
 def _restarted_with_checkpoint(run_dir: Path) -> bool:
@@ -22,9 +24,9 @@ def _restarted_with_checkpoint(run_dir: Path) -> bool:
     return restarted and bool(committed_checkpoints(checkpoint_root(run_dir)))
 
 
-@record
 def main(argv: list[str] | None = None) -> int:
-    """Train one rank of the run whose config lies in RUN_DIR."""
+    """Train one rank of the run whose config lies in RUN_DIR (under torch elastic's ``@record``)."""
+    from ktrain.run import outcome, stop
     from ktrain.run.trainer import rank_main
 
     faulthandler.enable()  # a native crash of this rank prints its Python stack before the launcher reports it
@@ -32,11 +34,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
-    rank_main(args.run_dir, args.resume or _restarted_with_checkpoint(args.run_dir))
+    try:
+        with stop.handled():
+            rank_main(args.run_dir, args.resume or _restarted_with_checkpoint(args.run_dir))
+    except stop.Interrupted as e:
+        return e.exit_code
+    except Exception as e:
+        if stop.requested():  # a peer stopped first (a closed connection): this follows from the stop
+            return 128 + stop.requested()
+        if not isinstance(e, outcome.bad_input_types()):
+            raise
+        outcome.record_bad_input(e)
+        return outcome.EXIT_BAD_INPUT
     return 0
 
 
+def _stopped_while_starting(signum: int, frame: FrameType | None) -> None:
+    """SIGINT or SIGTERM while the rank imports torch: nothing is written yet, so leave at once, quietly."""
+    del frame
+    os._exit(128 + signum)
+
+
 if __name__ == "__main__":
+    for _signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_signum, _stopped_while_starting)
+    from torch.distributed.elastic.multiprocessing.errors import record
+
     from ktrain.hard_exit import end_process
 
-    end_process(main())  # a rank that raised leaves through the traceback, its error recorded for the launcher
+    end_process(record(main)())  # a rank that raised leaves through the traceback, its error recorded for the launcher

@@ -35,7 +35,7 @@ def load_questions(path: str, limit: int) -> list[tuple[str, str]]:
 
 
 class ExactMatch:
-    """Scores the model at train start and train end."""
+    """Scores the model before a fresh run's first step and at train end."""
 
     def __init__(self, config: Any):
         self.config = config
@@ -61,7 +61,8 @@ class ExactMatch:
 
     @hookimpl
     def ktrain_on_train_start(self, run: Any, engine: Any) -> None:
-        self.score(run, engine, "before training" if run.step == 0 else f"at step {run.step} (resumed)")
+        if run.step == 0:  # a resumed run scored its start when it was fresh; a record now would sit mid-log
+            self.score(run, engine, "before training")
 
     @hookimpl
     def ktrain_on_train_end(self, run: Any, engine: Any, metrics: dict[str, float]) -> None:

@@ -5,6 +5,8 @@ every rank learns which ranks saw a non-finite loss and all take the same decisi
 stop`` (the default) raises ``NonFiniteLoss`` on every rank, naming the step and the ranks, before any
 weight changes; the loop never reaches the save of that step. ``nan_policy: skip`` drops the step's
 gradients on every rank and goes on: the weights, the optimizer and the schedule stay as they were.
+The same collective carries each rank's stop request (``ktrain.run.stop``): a rank sent SIGINT or
+SIGTERM stops every rank here, before the optimizer step.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import math
 import sys
 from typing import Any
 
-from ktrain.run import distributed, faults
+from ktrain.run import distributed, faults, stop
 from ktrain.run.context import Run
 
 
@@ -24,9 +26,12 @@ class NonFiniteLoss(RuntimeError):
 def skipped(run: Run, engine: Any, step: int, loss_sum: float) -> bool:
     """Check the loss of ``step`` on every rank; True when the step is to be skipped (its gradients dropped)."""
     value = faults.loss(step, run.rank, loss_sum)
-    flags = [0.0] * run.world_size
+    flags = [0.0] * (2 * run.world_size)  # per rank: a non-finite loss, then the signal it was asked to stop by
     flags[run.rank] = 0.0 if math.isfinite(value) else 1.0
-    ranks = [rank for rank, flag in enumerate(distributed.all_reduce_sum(flags, run.device)) if flag]
+    flags[run.world_size + run.rank] = float(stop.requested())
+    summed = distributed.all_reduce_sum(flags, run.device)
+    stop.agree(summed[run.world_size :])
+    ranks = [rank for rank, flag in enumerate(summed[: run.world_size]) if flag]
     if not ranks:
         return False
     where = f"step {step} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"

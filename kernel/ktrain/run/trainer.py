@@ -25,7 +25,7 @@ from ktrain.data.examples import Example
 from ktrain.data.pipeline import TrainData
 from ktrain.data.stream import StreamRows
 from ktrain.registry import collect
-from ktrain.run import checkpoints, distributed, nonfinite
+from ktrain.run import checkpoints, distributed, nonfinite, stop
 from ktrain.run.context import Run, compute_dtype
 from ktrain.run.faults import maybe_fault
 from ktrain.run.host_loss import HostLoss
@@ -245,8 +245,27 @@ class Trainer:
         eval_every = self._every(config.eval_steps, config.evals_per_epoch, self.plan.steps_per_epoch)
         seq_flops = flops_per_token(self.engine.model, config.sequence_len)
         peak = peak_flops(run.device)
+        run.step = start  # 0 in a fresh run: what ktrain_on_train_start tells a resumed run by
         run.hook.ktrain_on_train_start(run=run, engine=self.engine)
         self.engine.train(True)
+        with stop.deferred():  # SIGINT/SIGTERM: every rank stops at the next step's check, a save finished first
+            metrics = self._steps(start, total, data, save_every, eval_every, seq_flops, peak)
+            self._export()
+        run.hook.ktrain_on_train_end(run=run, engine=self.engine, metrics=metrics)
+        return metrics
+
+    def _steps(
+        self,
+        start: int,
+        total: int,
+        data: TrainData,
+        save_every: int | None,
+        eval_every: int | None,
+        seq_flops: float,
+        peak: float | None,
+    ) -> dict[str, float]:
+        """Steps ``start`` to ``total``: train, log, evaluate and save; return the last logged metrics."""
+        run, config = self.run, self.config
         window_loss = window_tokens = window_inputs = 0.0
         window_start, last_saved, metrics = time.perf_counter(), start, {}
         for step in range(start, total):
@@ -284,8 +303,6 @@ class Trainer:
                 path = checkpoints.save(run, self.engine, run.step, {"step": run.step, "tokens_seen": self.tokens_seen})
                 last_saved = run.step
                 run.hook.ktrain_on_checkpoint_saved(run=run, step=run.step, path=path)
-        self._export()
-        run.hook.ktrain_on_train_end(run=run, engine=self.engine, metrics=metrics)
         return metrics
 
     def _export(self) -> None:
