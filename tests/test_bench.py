@@ -180,7 +180,7 @@ def test_bench_counts_zero3_partitions_whole(tmp_path: Path) -> None:
     """Under ZeRO-3 each rank's parameters are empty tensors; MFU still counts the whole model."""
     pytest.importorskip("ktrain_deepspeed")
     model_dir(tmp_path, vocab_size=100)
-    zero3 = REPO.parent / "shared" / "compat" / "axolotl-deepspeed" / "zero3.json"
+    zero3 = REPO / "tests" / "fixtures" / "deepspeed" / "zero3.json"
     config = write_config(tmp_path, datasets=[], deepspeed=str(zero3))
     report, stdout = bench_json(tmp_path, str(config), "--steps", "1", "--warmup", "1")
     assert "ZeRO-3 built the model inside zero.Init" in stdout

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from tests.kit import REPO, dataset, ktrain, model_dir, records, write_config
 
-COMPAT = REPO.parent / "shared" / "compat"
+FIXTURES = REPO / "tests" / "fixtures"
 BF16_FILES = ["zero3_bf16.json", "zero3_bf16_cpuoffload_params.json", "zero3_bf16_cpuoffload_all.json"]
 
 
@@ -36,7 +36,7 @@ def test_reference_bf16_json_trains(root: Path, name: str, tmp_path: Path) -> No
     """bf16 ZeRO-3, with parameters and optimizer offloaded to CPU or not; the final model is the 16-bit gather
     (gather_16bit_weights_on_model_save), equal to the fp32 export of the same step rounded to bf16."""
     out = tmp_path / "out"
-    deepspeed = str(COMPAT / "axolotl-deepspeed" / name)
+    deepspeed = str(FIXTURES / "deepspeed" / name)
     keys = dict(random_init_weights=False, bf16=True, max_steps=2, micro_batch_size=2, save_steps=2)
     config = write_config(root, f"{name}.yaml", deepspeed=deepspeed, output_dir=str(out), **keys)
     done = ktrain("run", str(config), "--nproc-per-node", "2")
@@ -68,7 +68,7 @@ def test_seed_zero3_runs(root: Path, tmp_path: Path, monkeypatch) -> None:
     """bf16, accumulation 4, gradient checkpointing, packing, fused AdamW, flash attention (SDPA on CPU)."""
     monkeypatch.chdir(tmp_path)  # the seed names deepspeed_configs/zero3_bf16.json, relative to here
     assert ktrain("fetch", "deepspeed_configs").returncode == 0
-    seed = COMPAT / "seed" / "zero3.yaml"
+    seed = FIXTURES / "seed" / "zero3.yaml"
     done = ktrain("run", str(seed), *_scaled("zero3", root, tmp_path / "out"), "--set", "micro_batch_size=1",
                   "--nproc-per-node", "2")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -81,7 +81,7 @@ def test_seed_oom_rescue_runs(root: Path, tmp_path: Path, monkeypatch) -> None:
     ktrain-plugin-lora is installed (without it, this plugin's side alone: the same config less the QLoRA keys)."""
     monkeypatch.chdir(tmp_path)
     assert ktrain("fetch", "deepspeed_configs").returncode == 0
-    seed = yaml.safe_load((COMPAT / "seed" / "oom_rescue.yaml").read_text())
+    seed = yaml.safe_load((FIXTURES / "seed" / "oom_rescue.yaml").read_text())
     if importlib.util.find_spec("ktrain_lora") is None:
         del seed["qlora"], seed["load_in_4bit"]
     config = tmp_path / "oom_rescue.yaml"

@@ -25,7 +25,7 @@ from ktrain_deepspeed.accelerator import load_deepspeed
 from ktrain_deepspeed.presets import PRESET_DIR, preset_names
 from tests.kit import REPO
 
-COMPAT = REPO.parent / "shared" / "compat" / "axolotl-deepspeed"
+COMPAT = REPO / "tests" / "fixtures" / "deepspeed"
 BF16_FILES = {"zero3_bf16.json", "zero3_bf16_cpuoffload_all.json", "zero3_bf16_cpuoffload_params.json"}
 
 

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 
 from tests.kit import REPO, dataset, ktrain, model_dir, records, write_config
 
-COMPAT = REPO.parent / "shared" / "compat" / "axolotl-deepspeed"
+COMPAT = REPO / "tests" / "fixtures" / "deepspeed"
 STEPS = 4
 ZERO1_COMPILE = {**json.loads((COMPAT / "zero1_torch_compile.json").read_text()), "compile": {"backend": "eager"}}
 RUNS = {  # name: (deepspeed:, micro_batch_size, gradient_accumulation_steps, ranks)

@@ -27,7 +27,7 @@ from ktrain.resolve import prepare
 from ktrain_fsdp.options import FsdpOptions
 from tests.kit import REPO
 
-SEED = REPO.parent / "shared" / "compat" / "seed"
+SEED = REPO / "tests" / "fixtures" / "seed"
 
 
 @pytest.fixture
@@ -266,7 +266,7 @@ def test_migrate_rewrites_fsdp1_seed_config_keeping_comments(tmp_path: Path, set
     assert "\n-  fsdp_sharding_strategy: FULL_SHARD\n" in out and "\n+  reshard_after_forward: true\n" in out
     assert "alpaca" not in out  # only the migrated lines differ
     after = config.read_text()
-    assert after.count("# filled in") == before.count("# filled in") and after.startswith("# seed:")
+    assert after.count("#") == before.count("#") == 3 and after.startswith("# FSDP1, the form")
     assert "fsdp_" not in after.split("fsdp_config:")[1]
     code, out, err = run_cli(capsys, "check", config, *sets)
     assert code == 0 and "warning" not in out, out + err

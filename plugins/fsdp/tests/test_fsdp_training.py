@@ -20,7 +20,7 @@ from tests.kit import REPO, dataset, ktrain, model_dir, records, write_config
 
 pytestmark = pytest.mark.slow
 TOLERANCE = 1e-5
-SEED = REPO.parent / "shared" / "compat" / "seed"
+SEED = REPO / "tests" / "fixtures" / "seed"
 
 
 @pytest.fixture(scope="module")
