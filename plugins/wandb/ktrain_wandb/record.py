@@ -1,9 +1,12 @@
-"""What the run directory remembers of its W&B run: the run's id and the last step logged to it.
+"""What the run directory remembers of its W&B run: the run's id and the last step of a finished process.
 
 A resumed run reads it to continue the same W&B run, and sends nothing at or below that step: those
-steps are in W&B already (the steps a killed run logged after its last checkpoint run again, and
+steps are in W&B already (the steps a failed run logged after its last checkpoint run again, and
 metrics.jsonl forgets them, but W&B keeps the first values; the loss, learning rate and gradient norm
-of a step repeated after a resume are the same, its timings are not).
+of a step repeated after a resume are the same, its timings are not). The step is written when the
+W&B run finishes (the run ended, failed or was stopped); a process killed outright leaves the step of
+the process before it, and the steps it logged after its checkpoint are sent again (W&B, online,
+ignores a step it has).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ PATH = Path("tracking") / "wandb.json"
 
 @attrs.define
 class Record:
-    """The W&B run's id and the last step sent to it (-1: none)."""
+    """The W&B run's id and the last step it holds (-1: none)."""
 
     run_id: str
     step: int = -1

@@ -3,8 +3,10 @@
 ``WandbTracker`` is the runtime object (activated by the entry module in tracked runs). It registers the
 ``wandb`` metric sink, which the kernel opens on rank 0 only, and uploads the model as an artifact
 (``wandb_log_model``). A resumed run continues the W&B run whose id the run directory keeps
-(``ktrain_wandb.record``). W&B failing (no network, a refused login) costs one warning: the sink stops,
-training goes on, and metrics.jsonl, written before any sink, has every record.
+(``ktrain_wandb.record``); its last step is recorded when the W&B run finishes, since W&B writes an
+offline run's file in blocks and a killed process leaves the last ones unwritten. W&B failing (no
+network, a refused login) costs one warning: the sink stops, training goes on, and metrics.jsonl, written
+before any sink, has every record.
 """
 
 from __future__ import annotations
@@ -74,9 +76,7 @@ class WandbSink:
             return
         try:
             self.wandb_run.log(numbers(metrics), step=step)
-            if step != self.record.step:
-                self.record.step = step
-                self.record.write(self.output_dir)
+            self.record.step = step
         except Exception as e:
             self.fail(e)
 
@@ -94,11 +94,12 @@ class WandbSink:
             self.fail(e)
 
     def close(self) -> None:
-        """Finish the W&B run (an offline run's files are complete then)."""
+        """Finish the W&B run, then record its last step: W&B holds the steps up to it from now on."""
         if self.failed or self.wandb_run is None:
             return
         try:
             self.wandb_run.finish()
+            self.record.write(self.output_dir)
         except Exception as e:
             self.fail(e)
 
