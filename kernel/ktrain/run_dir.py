@@ -73,13 +73,16 @@ def holds_results(out: Path) -> bool:
     return (out / "final").is_dir() or has_checkpoint(out)
 
 
+def _committed(out: Path) -> set[str]:
+    root = out / CHECKPOINTS
+    return {p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("step-")} if root.is_dir() else set()
+
+
 def has_checkpoint(out: Path) -> bool:
     """Whether ``out/checkpoints`` holds a committed checkpoint whose files have the sizes of its manifest."""
     from ktrain.run.manifest import read
 
-    root = out / CHECKPOINTS
-    steps = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-")] if root.is_dir() else []
-    return any(read(p) for p in steps)
+    return any(read(out / CHECKPOINTS / name) for name in _committed(out))
 
 
 def _clear(out: Path, keep: tuple[str, ...]) -> None:
@@ -136,7 +139,8 @@ class Before:
     """``output_dir`` as it was before ``prepare_run_dir``: put back when a rank finds bad input.
 
     ``restore`` removes what this start added (the whole folder when it did not exist) and writes the run
-    files back as they were. An ``--overwrite`` start has already removed the earlier run's files.
+    files back as they were, unless the run committed a checkpoint since: then what it trained is kept. An
+    ``--overwrite`` start has already removed the earlier run's files.
     """
 
     def __init__(self, plan: Plan):
@@ -144,9 +148,12 @@ class Before:
         self.existed = self.out.is_dir()
         self.names = {p.name for p in self.out.iterdir()} if self.existed else set()
         self.files = {n: (self.out / n).read_bytes() for n in RUN_FILES if (self.out / n).is_file()}
+        self.checkpoints = _committed(self.out)
 
     def restore(self) -> None:
-        """Put ``output_dir`` back as it was (the lock files stay while the launcher holds them)."""
+        """Put ``output_dir`` back as it was, unless a checkpoint was committed since."""
+        if _committed(self.out) - self.checkpoints:
+            return
         if not self.existed:
             shutil.rmtree(self.out, ignore_errors=True)
             return

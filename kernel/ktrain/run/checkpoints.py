@@ -1,7 +1,8 @@
 """The checkpoint contract, whatever the format: staged, verified, committed by one rename, resumed exactly.
 
-A save first checks that the disk has room for it (the size of the latest checkpoint, or three times
-the parameters' bytes for the first one). It writes into ``checkpoints/.tmp-step-N``: the format
+A save first checks that the disk has room for it (the size of the latest checkpoint, or for the first
+one the trained parameters, the buffers and the optimizer state: an adapter's frozen base is not saved).
+It writes into ``checkpoints/.tmp-step-N``: the format
 plugin's files (``ktrain_save_checkpoint``), then each rank's own state (RNG as the save began, plugin
 state, grad scaler) as ``rank-R.pt``, then ``manifest.json`` (``ktrain.run.manifest``: format, plugin
 and version, versions, plugins, config hash, world size, step, global sample index, tokens seen, and the
@@ -74,12 +75,27 @@ def rows_per_step(run: Run) -> int:
     return run.config.micro_batch_size * run.config.gradient_accumulation_steps * run.mesh.dp_size
 
 
+OPTIMIZER_BYTES = 12
+"""Optimizer state per trained element, at most: Adam's two fp32 moments and an fp32 master copy."""
+
+
+def first_checkpoint_bytes(model: Any) -> int:
+    """What the first checkpoint of ``model`` will hold, at most: the trained parameters (an adapter's, not
+    its frozen or 4-bit base, which no format saves), the buffers, and the optimizer state of the trained
+    parameters (``OPTIMIZER_BYTES`` an element). Rank files and plugin state are small beside them."""
+    trained = [p for p in model.parameters() if p.requires_grad]
+    elements = sum(getattr(p, "ds_numel", p.numel()) for p in trained)
+    weights = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in trained)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return weights + buffers + OPTIMIZER_BYTES * elements
+
+
 def _space_needed(root: Path, engine: Any) -> int:
+    """Free space a save needs: the size of the latest complete checkpoint, else ``first_checkpoint_bytes``."""
     found = complete_checkpoints(root)
     if found:
         return sum(manifest.size_of(entry) for entry in (read_manifest(found[-1]) or {}).get("files", {}).values())
-    params = engine.model.parameters()
-    return 3 * sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in params)
+    return first_checkpoint_bytes(engine.model)
 
 
 def save(run: Run, engine: Any, step: int, trainer_state: dict[str, Any]) -> Path:
@@ -96,7 +112,10 @@ def save(run: Run, engine: Any, step: int, trainer_state: dict[str, Any]) -> Pat
             shutil.rmtree(stale)
     distributed.barrier()
     need = _space_needed(root, engine)
-    manifest.ensure_space(root, need)
+    try:
+        manifest.ensure_space(root, need)
+    except NoSpaceLeft as e:
+        raise NoSpaceLeft(f"{e} (step {step} not saved; the checkpoints before it are intact)") from None
     if run.is_main:
         staging.mkdir()
     distributed.barrier()

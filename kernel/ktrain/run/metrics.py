@@ -85,6 +85,8 @@ class MetricsLog:
             self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the run
         self.started = time.perf_counter()
         self.first_step: int | None = None
+        self.drawn = 0.0  # when the bar was last drawn
+        self.shown = ""  # the metrics of the last logged step, as the bar shows them
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
@@ -96,28 +98,47 @@ class MetricsLog:
             sink.write(step, metrics)
         self._print(step, metrics)
 
+    def tick(self, step: int) -> None:
+        """After every step: on a terminal, redraw the bar when a second has passed since it was last drawn.
+
+        It shows the step, the ETA and the last logged metrics: facts already on the host, so the step
+        waits for nothing.
+        """
+        if not (self.enabled and self.tty):
+            return
+        now = time.perf_counter()
+        if self.first_step is None:
+            self.first_step, self.started = step, now
+        if now - self.drawn >= 1.0:
+            self._bar(step, self.shown)
+
     def _eta(self, step: int) -> str:
         if self.first_step is None:
             self.first_step, self.started = step, time.perf_counter()
-            return "?"
         done = step - self.first_step
-        left = (time.perf_counter() - self.started) / max(done, 1) * (self.total_steps - step)
+        if done <= 0:
+            return "?"
+        left = (time.perf_counter() - self.started) / done * (self.total_steps - step)
         return time.strftime("%H:%M:%S", time.gmtime(left))
+
+    def _bar(self, step: int, shown: str) -> None:
+        width = 20
+        filled = int(width * step / max(self.total_steps, 1))
+        line = f"step {step}/{self.total_steps} {shown} eta {self._eta(step)}".replace("  ", " ")
+        print(f"\r[{'#' * filled}{'.' * (width - filled)}] {line}\033[K", end="", flush=True)
+        self.drawn = time.perf_counter()
+        if step == self.total_steps:
+            print()
 
     def _print(self, step: int, metrics: dict[str, float]) -> None:
         shown = " ".join(f"{k} {_fmt(v)}" for k, v in metrics.items())
-        if "loss" in metrics:
-            line = f"step {step}/{self.total_steps} {shown} eta {self._eta(step)}"
-        else:
-            line = f"step {step}/{self.total_steps} {shown}"
         if self.tty and "loss" in metrics:
-            width = 20
-            filled = int(width * step / max(self.total_steps, 1))
-            print(f"\r[{'#' * filled}{'.' * (width - filled)}] {line}\033[K", end="", flush=True)
-            if step == self.total_steps:
-                print()
+            self.shown = shown
+            self._bar(step, shown)
+        elif "loss" in metrics:
+            print(f"step {step}/{self.total_steps} {shown} eta {self._eta(step)}", flush=True)
         else:
-            print(("\n" if self.tty else "") + line, flush=True)
+            print(("\n" if self.tty else "") + f"step {step}/{self.total_steps} {shown}", flush=True)
 
     def close(self) -> None:
         if self.file:

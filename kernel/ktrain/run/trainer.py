@@ -295,6 +295,7 @@ class Trainer:
             else:  # the loss and the gradient norm are read from the device on logged steps only
                 metrics = {"lr": self.engine.lr()}
             run.hook.ktrain_on_step_end(run=run, step=run.step, metrics=metrics)
+            run.log.tick(run.step)
             if data.eval_rows and ((eval_every and run.step % eval_every == 0) or run.step == total):
                 eval_metrics = {"eval_loss": self.evaluate(data.eval_rows, data.eval_packed)}
                 run.log.write(run.step, eval_metrics)
