@@ -44,7 +44,7 @@ def tiny_chat_jsonl(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def tiny_config(tmp_path: Path, tiny_model_dir: Path, tiny_chat_jsonl: Path) -> Callable[..., Path]:
     """A function that writes ``tmp_path/config.yaml``, a run over the tiny model and data with ``keys`` on top,
-    and returns its path (``ktrain check`` material: the model has no weights)."""
+    and returns its path (the model has random weights)."""
 
     def write(**keys: object) -> Path:
         data = {
