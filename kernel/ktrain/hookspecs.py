@@ -245,6 +245,19 @@ def ktrain_shard(
     """
 
 
+@hookspec
+def ktrain_collect_ddp_options(run: Run) -> dict[str, Any] | None:
+    """Return options of the kernel's default DDP: constructor keywords, and a comm hook with its state.
+
+    Called on every rank by the default ``sharding`` owner, once, when it wraps the model in DDP (more
+    than one gradient rank); not called in a one-process run or when a plugin owns ``sharding``.
+    Keywords of ``DistributedDataParallel`` (``bucket_cap_mb``, ``gradient_as_bucket_view``,
+    ``static_graph``, ...; not ``module``, ``device_ids`` or ``process_group``, which the kernel sets),
+    plus ``comm_hook`` and ``comm_state``, given to ``register_comm_hook(comm_state, comm_hook)``
+    after wrapping. Every plugin answers; an option given by two plugins is an error naming both.
+    """
+
+
 @hookspec(firstresult=True)
 def ktrain_build_optimizer(params: Iterable[Any], run: Run) -> Optimizer:
     """Build the optimizer for ``params`` (parameter groups). Role ``optimizer``; first result wins.
@@ -286,9 +299,13 @@ def ktrain_collect_metrics(run: Run, step: int) -> dict[str, float] | None:
 def ktrain_collect_checkpoint_state(run: Run) -> dict[str, Any] | None:
     """Return objects with ``state_dict()``/``load_state_dict()`` to save with every checkpoint.
 
-    Called on every rank when saving and when resuming; keys name the objects and must not clash.
-    Their state is saved per rank beside the kernel's own (step, data position, RNG), and read back with
-    ``torch.load(weights_only=True)``: tensors and plain Python values only.
+    Called on every rank when saving (after ``ktrain_save_checkpoint``) and when resuming (after
+    ``ktrain_shard`` and ``ktrain_load_checkpoint``, before ``ktrain_on_train_start``); keys name the
+    objects and must not clash. Rank R's states are saved in the checkpoint's ``rank-R.pt`` beside the
+    kernel's own (RNG, grad scaler) and read back with ``torch.load(weights_only=True)``: tensors,
+    numbers, strings, None, and lists, tuples and dicts of them. On resume, ``load_state_dict`` is called
+    only on a rank whose file exists and holds the name: at a larger world size the new ranks keep their
+    fresh state, at a smaller one the extra files are not read.
     """
 
 

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
+import torch.distributed as dist
 
 from ktrain.config.model import Config
 from ktrain.mesh import MeshPlan
 from ktrain.resolve import Plan
+from ktrain.run.distributed import submesh
+
+GRADIENT_DIMS = ("dp_replicate", "dp_shard", "cp")
+"""Mesh dimensions whose ranks hold the same weights and train on other tokens: gradients are averaged over them."""
 
 
 @attrs.define
@@ -80,6 +86,43 @@ class Run:
         rep = self.device_mesh["dp_replicate"].get_local_rank() if dims["dp_replicate"] > 1 else 0
         shard = self.device_mesh["dp_shard"].get_local_rank() if dims["dp_shard"] > 1 else 0
         return rep * dims["dp_shard"] + shard
+
+    def process_group(self, *dims: str) -> Any:
+        """The process group over the mesh dimensions ``dims`` (several are flattened into one), on every rank.
+
+        None in a one-process run. Every rank must ask for the same groups in the same order (making one is
+        collective). An unknown name raises ``ValueError`` listing the mesh's dimensions.
+        """
+        unknown = [d for d in dims if d not in self.mesh.dims]
+        if not dims or unknown:
+            raise ValueError(f"no mesh dimension {unknown or list(dims)}; the mesh has {', '.join(self.mesh.dims)}")
+        if self.device_mesh is None:
+            return None
+        return submesh(self.device_mesh, dims).get_group()
+
+    @property
+    def gradient_group(self) -> Any:
+        """The process group over which gradients are averaged: ``dp_replicate`` x ``dp_shard`` x ``cp``.
+
+        Its size is ``mesh.gradient_ranks``; the default group when that is every rank, None in a
+        one-process run.
+        """
+        if self.device_mesh is None:
+            return None
+        if self.mesh.copies == 1:
+            return dist.group.WORLD
+        return self.process_group(*(tuple(d for d in GRADIENT_DIMS if self.mesh.dims[d] > 1) or ("dp_replicate",)))
+
+    def say(self, message: str) -> None:
+        """Print ``message`` to the user as one line ``ktrain: MESSAGE`` on rank 0 (other ranks print nothing).
+
+        Line breaks in ``message`` become spaces. On a terminal the line replaces the progress bar, which the
+        next logged step draws again below it.
+        """
+        if not self.is_main:
+            return
+        line = " ".join(message.split())
+        print(("\r\033[K" if sys.stdout.isatty() else "") + f"ktrain: {line}", flush=True)
 
 
 def compute_dtype(config: Any, device: torch.device) -> torch.dtype:
