@@ -9,7 +9,8 @@ end, so nothing is written to ``output_dir`` (``command``).
 
 Rows (``rows``): random tokens, ``micro_batch_size`` rows of ``sequence_len`` tokens per micro-batch, every
 token trained, with ``--synthetic`` or when the config has no ``datasets`` (the config check's demand for
-``datasets`` is then met by a placeholder entry that nothing reads, and no tokenizer is loaded);
+``datasets`` is then met by an entry naming the temporary run directory, which nothing reads, and no
+tokenizer is loaded);
 with ``--lengths MEDIAN:MAX`` random-token samples of log-normal lengths, packed into rows under
 ``sample_packing`` and given to the peer one a row, padded to the longest of its micro-batch
 (``--peer-micro-batch``): tokens/s then counts real tokens, not padding; otherwise the config's data,
