@@ -214,4 +214,21 @@ PLUGIN_KEYS: dict[str, tuple[str, ...]] = {
     "ktrain-plugin-compile": ("torch_compile", "torch_compile_backend", "torch_compile_mode"),
     "ktrain-plugin-fused-loss": ("fused_linear_cross_entropy", "fused_linear_cross_entropy_chunks"),
     "ktrain-plugin-tensorboard": ("use_tensorboard",),
+    "ktrain-plugin-wandb": (
+        "use_wandb",
+        "wandb_project",
+        "wandb_entity",
+        "wandb_name",
+        "wandb_run_id",
+        "wandb_mode",
+        "wandb_watch",
+        "wandb_log_model",
+    ),
+    "ktrain-plugin-mlflow": (
+        "use_mlflow",
+        "mlflow_tracking_uri",
+        "mlflow_experiment_name",
+        "mlflow_run_name",
+        "hf_mlflow_log_artifacts",
+    ),
 }
