@@ -424,3 +424,100 @@ def test_hookspec_docstrings_name_the_role_of_every_firstresult_hook() -> None:
         if name.startswith("ktrain_") and spec.ktrain_spec["firstresult"]:
             doc = textwrap.dedent(spec.__doc__ or "")
             assert any(f"``{role}``" in doc for role in roles), name
+
+
+# ---------------------------------------------------------------------------------------------------
+# (e) what a run offers plugins: the default DDP's options, process groups, a line to the user
+# ---------------------------------------------------------------------------------------------------
+
+
+def giving_ddp_options(name: str, key: str, options: dict[str, object]) -> types.ModuleType:
+    """A plugin with the key ``key`` whose runtime object answers ``ktrain_collect_ddp_options`` with ``options``."""
+    section = switch(key)
+
+    class Options:
+        @hookimpl
+        def ktrain_collect_ddp_options(self, run):
+            return options
+
+    def ktrain_register_config(register):
+        register(section)
+
+    def ktrain_activate(config, activate):
+        if getattr(config, key):
+            activate(Options(), keys=(key,))
+
+    return plugin(name, ktrain_register_config=ktrain_register_config, ktrain_activate=ktrain_activate)
+
+
+def one_rank(plan, tmp_path: Path, rank: int = 0):
+    import torch
+
+    from ktrain.run.context import Run
+
+    device = torch.device("cpu")
+    return Run(plan, tmp_path, rank, rank, 1, device, None, torch.float32)
+
+
+def test_ddp_options_merge_and_a_clash_names_both_plugins(config, tmp_path) -> None:
+    from ktrain.builtin.data_parallel import ddp_options
+
+    hook = object()
+    plugins = [
+        ("buckets", giving_ddp_options("buckets", "big_buckets", {"bucket_cap_mb": 100})),
+        ("compress", giving_ddp_options("compress", "compress", {"comm_hook": hook, "static_graph": True})),
+        ("also_buckets", giving_ddp_options("also_buckets", "more_buckets", {"bucket_cap_mb": 50})),
+    ]
+    plan = prepare(config(big_buckets=True, compress=True), extra_plugins=plugins)
+    assert ddp_options(one_rank(plan, tmp_path)) == {"bucket_cap_mb": 100, "comm_hook": hook, "static_graph": True}
+    plan = prepare(config(big_buckets=True, more_buckets=True), extra_plugins=plugins)
+    with pytest.raises(PluginError) as info:
+        ddp_options(one_rank(plan, tmp_path))
+    assert "the DDP option 'bucket_cap_mb' is given by two plugins: 'buckets'" in str(info.value)
+    assert "'also_buckets' ((registered in process) -)" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"process_group": None}, "gives the DDP option 'process_group', which ktrain_collect_ddp_options does not"),
+        ({"bucket_size": 25}, "gives the DDP option 'bucket_size'"),
+        ({"comm_state": object()}, "gives a DDP comm_state without its comm_hook"),
+    ],
+)
+def test_a_ddp_option_ddp_does_not_take_names_the_plugin(config, tmp_path, options, message) -> None:
+    from ktrain.builtin.data_parallel import ddp_options
+
+    plugins = [("odd", giving_ddp_options("odd", "odd", options))]
+    plan = prepare(config(odd=True), extra_plugins=plugins)
+    with pytest.raises(PluginError) as info:
+        ddp_options(one_rank(plan, tmp_path))
+    assert str(info.value).startswith("plugin 'odd' ((registered in process) -)") and message in str(info.value)
+
+
+def test_process_groups_by_mesh_dimension(config, tmp_path) -> None:
+    run = one_rank(prepare(config()), tmp_path)
+    assert run.process_group("dp_replicate", "cp") is None and run.gradient_group is None  # one process
+    with pytest.raises(ValueError, match=r"no mesh dimension \['ep'\]; the mesh has dp_replicate, dp_shard, cp, tp"):
+        run.process_group("ep")
+
+
+def test_say_prints_one_line_on_rank_0_only(config, tmp_path, capsys) -> None:
+    plan = prepare(config())
+    one_rank(plan, tmp_path, rank=1).say("not shown")
+    one_rank(plan, tmp_path).say("compression\nstarts at step 3")
+    assert capsys.readouterr().out == "ktrain: compression starts at step 3\n"
+
+
+def test_checkpoint_state_holds_what_weights_only_loading_reads(tmp_path) -> None:
+    """What docs/hooks.md says a ``ktrain_collect_checkpoint_state`` object may save, and what it may not."""
+    import numpy as np
+    import torch
+
+    state = {"n": 3, "x": 0.5, "s": "a", "b": True, "none": None, "l": [1, (2, "3")], "d": {4: torch.ones(2)}}
+    torch.save(state, tmp_path / "rank-0.pt")
+    loaded = torch.load(tmp_path / "rank-0.pt", weights_only=True)
+    assert loaded.keys() == state.keys() and loaded["l"] == [1, (2, "3")] and torch.equal(loaded["d"][4], torch.ones(2))
+    torch.save({"rng": np.zeros(3)}, tmp_path / "rank-1.pt")
+    with pytest.raises(Exception, match="Weights only load failed"):
+        torch.load(tmp_path / "rank-1.pt", weights_only=True)

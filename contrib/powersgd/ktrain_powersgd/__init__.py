@@ -1,0 +1,1 @@
+"""ktrain-plugin-powersgd: PowerSGD gradient compression in the kernel's own DDP, without taking ``sharding``."""
