@@ -63,3 +63,22 @@ def test_plot_of_a_folder_without_metrics_is_a_clear_error(tmp_path: Path, ktrai
     done = ktrain_project.ktrain("plot", str(tmp_path))
     assert done.returncode == 2
     assert done.stderr.strip() == f"ktrain plot: {tmp_path} has no metrics.jsonl; give the output_dir of a run"
+
+
+def test_a_failed_and_resumed_run_writes_each_step_once_and_the_config_once(ktrain_project: KtrainProject) -> None:
+    config = ktrain_project.config("use_tensorboard: true\nmax_steps: 5\nsave_steps: 2\n")
+    ktrain_project.env["KTRAIN_FAULT"] = "forward:4:0:raise"  # step 3 is logged after the checkpoint of step 2
+    failed = ktrain_project.ktrain("run", str(config))
+    assert failed.returncode != 0
+    del ktrain_project.env["KTRAIN_FAULT"]
+    run_dir = ktrain_project.train(config, "--resume")
+    events = EventAccumulator(str(run_dir / "tensorboard"), purge_orphaned_data=False)
+    events.Reload()
+    for name in ("loss", "lr", "grad_norm", "tokens_per_s"):
+        steps = [e.step for e in events.Scalars(name)]
+        assert sorted(steps) == sorted(read_metrics(run_dir, name)) == [1, 2, 3, 4, 5], (name, steps)
+    for name in ("loss", "lr", "grad_norm"):  # the same after an exact resume; timings are measured again
+        written = {e.step: e.value for e in events.Scalars(name)}
+        assert written == pytest.approx(read_metrics(run_dir, name), rel=1e-6), name
+    (text,) = events.Tensors("config/text_summary")
+    assert "learning_rate: 0.003" in text.tensor_proto.string_val[0].decode()
