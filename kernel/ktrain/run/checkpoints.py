@@ -77,25 +77,28 @@ def rows_per_step(run: Run) -> int:
 
 OPTIMIZER_BYTES = 12
 """Optimizer state per trained element, at most: Adam's two fp32 moments and an fp32 master copy."""
+FILE_BYTES = 64 * 1024
+"""Each of the small files beside the tensors, at most: a rank's file (RNG, plugin state), the schedule,
+the manifest, the formats' headers."""
 
 
-def first_checkpoint_bytes(model: Any) -> int:
+def first_checkpoint_bytes(model: Any, world_size: int = 1) -> int:
     """What the first checkpoint of ``model`` will hold, at most: the trained parameters (an adapter's, not
-    its frozen or 4-bit base, which no format saves), the buffers, and the optimizer state of the trained
-    parameters (``OPTIMIZER_BYTES`` an element). Rank files and plugin state are small beside them."""
+    its frozen or 4-bit base, which no format saves), the buffers, the optimizer state of the trained
+    parameters (``OPTIMIZER_BYTES`` an element), and the small files (``FILE_BYTES``: one a rank, and two)."""
     trained = [p for p in model.parameters() if p.requires_grad]
     elements = sum(getattr(p, "ds_numel", p.numel()) for p in trained)
     weights = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in trained)
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    return weights + buffers + OPTIMIZER_BYTES * elements
+    return weights + buffers + OPTIMIZER_BYTES * elements + FILE_BYTES * (world_size + 2)
 
 
-def _space_needed(root: Path, engine: Any) -> int:
+def _space_needed(root: Path, engine: Any, world_size: int) -> int:
     """Free space a save needs: the size of the latest complete checkpoint, else ``first_checkpoint_bytes``."""
     found = complete_checkpoints(root)
     if found:
         return sum(manifest.size_of(entry) for entry in (read_manifest(found[-1]) or {}).get("files", {}).values())
-    return first_checkpoint_bytes(engine.model)
+    return first_checkpoint_bytes(engine.model, world_size)
 
 
 def save(run: Run, engine: Any, step: int, trainer_state: dict[str, Any]) -> Path:
@@ -111,7 +114,7 @@ def save(run: Run, engine: Any, step: int, trainer_state: dict[str, Any]) -> Pat
         for stale in root.glob(".tmp-*"):
             shutil.rmtree(stale)
     distributed.barrier()
-    need = _space_needed(root, engine)
+    need = _space_needed(root, engine, run.world_size)
     try:
         manifest.ensure_space(root, need)
     except NoSpaceLeft as e:

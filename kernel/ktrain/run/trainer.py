@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ktrain.config.report import ConfigError
 from ktrain.data import pipeline, templates
 from ktrain.data.batches import PlannedRows, collate, row_tokens, row_trained
 from ktrain.data.examples import Example
@@ -117,9 +118,10 @@ class Trainer:
         if self.config.max_steps:
             return self.config.max_steps
         if plan.steps_per_epoch == 0:
-            raise ValueError(
-                f"datasets: {plan.n} training rows are fewer than one global batch of {plan.rows_per_step} "
-                f"(micro_batch_size x gradient_accumulation_steps x {plan.dp_size} data-parallel ranks)"
+            raise ConfigError.single(
+                "datasets",
+                f"{plan.n} training rows are fewer than one global batch of {plan.rows_per_step} "
+                f"(micro_batch_size x gradient_accumulation_steps x {plan.dp_size} data-parallel ranks)",
             )
         return max(1, math.ceil(self.config.num_epochs * plan.steps_per_epoch))
 
