@@ -233,3 +233,21 @@ def test_keys_start_with_the_kernel_and_list_registered_names() -> None:
     lines = done.stdout.splitlines()
     after = lines[lines.index(next(line for line in lines if line.startswith("  optimizer = "))) + 1]
     assert after.startswith("    one of: ") and "adamw_torch" in after
+
+
+def test_the_validator_example_of_writing_plugins_works(tiny_config) -> None:
+    text = (REPO / "docs" / "writing-plugins.md").read_text(encoding="utf-8")
+    block = (
+        text.split("<!-- file: ktrain-plugin-gradsync/ktrain_gradsync/bucket_keys.py -->", 1)[1]
+        .split("```python\n", 1)[1]
+        .split("```", 1)[0]
+    )
+    namespace: dict = {}
+    exec(compile(block, "writing-plugins.md", "exec"), namespace)
+    section = namespace["BucketKeys"]
+    buckets = plugin("buckets", ktrain_register_config=lambda register: register(section))
+    with pytest.raises(ConfigError) as info:
+        prepare(tiny_config(bucket_mb=0, bucket_count=3), extra_plugins=[("buckets", buckets)])
+    assert "  - bucket_mb: must be >= 1: 0" in str(info.value)
+    assert "  - bucket_count: must be a power of two, not 3" in str(info.value)
+    assert prepare(tiny_config(bucket_count=8), extra_plugins=[("buckets", buckets)]).config.bucket_count == 8
