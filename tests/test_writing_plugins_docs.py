@@ -4,7 +4,9 @@ A block after ``<!-- file: PATH -->`` is written to PATH; a ``bash`` block is ru
 trailing ``# exits with N`` gives the expected exit code, else 0); a ``text`` block lists lines that the
 output of the ``bash`` block before it must contain. ``pip install -e DIR`` is run as
 ``pip install --target SITE DIR`` with SITE on the PYTHONPATH of the later commands, so that the test
-leaves the environment it runs in as it found it. Every block of the page must be one of these.
+leaves the environment it runs in as it found it. Every block of the page must be one of these. A file
+block whose PATH starts with ``contrib/`` (the second tutorial's plugin) must be that file of this
+repository, verbatim.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "writing-plugins.md"
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "writing-plugins.md"
 BLOCK = re.compile(r"(?:<!-- file: (?P<file>\S+) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.DOTALL)
 EXIT = re.compile(r"\s+#\s*exits with (\d+)$")
 
@@ -43,6 +46,17 @@ def test_every_block_is_run_or_checked() -> None:
     for file, lang, body in blocks():
         assert (file is not None) == (lang in ("python", "toml", "yaml")), f"a {lang} block needs a file marker"
         assert lang in ("python", "toml", "yaml", "bash", "text"), f"no way to run a {lang!r} block: {body[:60]}"
+
+
+def test_files_of_the_repository_are_shown_as_they_are() -> None:
+    shown = {file: body for file, _, body in blocks() if file is not None and file.startswith("contrib/")}
+    assert "contrib/powersgd/ktrain_powersgd/runtime.py" in shown, sorted(shown)
+    for file, body in shown.items():
+        assert (ROOT / file).is_file(), f"docs/writing-plugins.md shows {file}, which does not exist"
+        assert body == (ROOT / file).read_text(encoding="utf-8"), f"docs/writing-plugins.md shows {file} otherwise"
+    package = ROOT / "contrib" / "powersgd" / "ktrain_powersgd"
+    for path in sorted(package.glob("*.py")):
+        assert str(path.relative_to(ROOT)) in shown, f"the second tutorial does not show {path.relative_to(ROOT)}"
 
 
 def test_the_tutorial_runs(tmp_path: Path) -> None:
