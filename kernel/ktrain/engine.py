@@ -36,7 +36,9 @@ class Engine:
     owns_clipping = False
     owns_scheduler = False
     scaler: torch.amp.GradScaler | None = None
-    """Set by the kernel for fp16 compute when the engine does not own backward."""
+    """Set by the kernel, never by a plugin: right after ``ktrain_shard`` returns, a ``GradScaler`` when the run
+    computes in fp16 and the engine does not own backward; None otherwise. ``backward`` scales with it, ``step``
+    unscales before clipping and steps through it; its state is saved in each rank's checkpoint file."""
 
     def __init__(self, module: Any, model: Any, optimizer: Any, lr_scheduler: Any, max_grad_norm: float | None):
         self.module = module
@@ -115,7 +117,9 @@ class DataParallelEngine(Engine):
     """An engine whose ``module`` may be DDP: the gradient all-reduce is skipped on all but the last micro-batch.
 
     The kernel owns the step. Plugins that wrap the model in ``DistributedDataParallel`` (the kernel's
-    default sharding, contrib's ``zero_redundancy``) build this engine or a subclass of it.
+    default sharding, contrib's ``zero_redundancy``) build this engine or a subclass of it; a plugin that
+    only changes how DDP communicates (a comm hook, bucket sizes) answers ``ktrain_collect_ddp_options``
+    and keeps the kernel's.
     """
 
     @contextlib.contextmanager
