@@ -12,6 +12,7 @@ import argparse
 import faulthandler
 import os
 import signal
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -42,11 +43,23 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if stop.requested():  # a peer stopped first (a closed connection): this follows from the stop
             return 128 + stop.requested()
-        if not isinstance(e, outcome.bad_input_types()):
-            raise
-        outcome.record_bad_input(e)
-        return outcome.EXIT_BAD_INPUT
+        if isinstance(e, outcome.bad_input_types()):
+            outcome.record_bad_input(e)
+            return outcome.EXIT_BAD_INPUT
+        if _peer_gone(e):  # the agent, seeing the peer's exit, stops this rank (SIGTERM: exit 143, quietly)
+            time.sleep(PEER_GRACE_S)
+        raise
     return 0
+
+
+PEER_GRACE_S = 5.0
+"""How long a rank whose peer has gone waits for the agent to stop it before it reports its own error."""
+
+
+def _peer_gone(error: BaseException) -> bool:
+    """Whether ``error`` is a collective failing because another rank ended (its error is the run's cause)."""
+    text = str(error)
+    return "closed by peer" in text or "reset by peer" in text or type(error).__name__ == "DistNetworkError"
 
 
 def _stopped_while_starting(signum: int, frame: FrameType | None) -> None:
