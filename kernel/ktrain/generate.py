@@ -57,17 +57,54 @@ def greedy_answers(
     return answers
 
 
+def adapter_model(run_dir: Path, adapter: Path) -> Any:
+    """The base of the run in ``run_dir`` rebuilt as the run built it, with the peft adapter of ``adapter`` on it.
+
+    The base comes from the run's own config through its plugins: their model arguments (a quantized
+    base is quantized again the same way) and its ``model_loader``, seeded as the run was (so that
+    ``random_init_weights`` gives the same weights).
+    """
+    import peft
+
+    from ktrain.resolve import prepare
+    from ktrain.run.context import Run
+    from ktrain.run.trainer import merged
+
+    plan = prepare(run_dir / "config.yaml", with_defaults=True)
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    run = Run.one_process(plan, run_dir, device)
+    run.tokenizer = run.hook.ktrain_load_tokenizer(run=run)
+    torch.manual_seed(plan.config.seed)
+    model_kwargs = merged(run.hook.ktrain_collect_model_kwargs(run=run), "model argument")
+    base = run.hook.ktrain_load_model(run=run, model_kwargs=model_kwargs)
+    return peft.PeftModel.from_pretrained(base.to(device), adapter).eval()
+
+
 def generate_cli(run_dir: str, prompt: str, max_new_tokens: int) -> int:
-    """``ktrain generate RUN_DIR PROMPT``: load ``RUN_DIR/final`` (or a model folder) and answer."""
+    """``ktrain generate RUN_DIR PROMPT``: load ``RUN_DIR/final`` (or a model folder) and answer.
+
+    An adapter run's ``final/`` holds the adapter alone: the run's base is rebuilt and the adapter put on it.
+    """
     import transformers
 
     folder = Path(run_dir)
-    if (folder / "final" / "config.json").exists():
+    if (folder / "final").is_dir():
         folder = folder / "final"
-    if not (folder / "config.json").exists():
+    if (folder / "adapter_config.json").is_file() and not (folder / "config.json").exists():
+        config = folder.parent / "config.yaml"
+        if not config.is_file():
+            print(
+                f"ktrain: {folder} holds an adapter without the run that trained it (no {config}); "
+                "merge it into its base in the run folder with `ktrain merge-lora RUN_DIR`",
+                file=sys.stderr,
+            )
+            return 2
+        model = adapter_model(folder.parent, folder)
+    elif (folder / "config.json").exists():
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    else:
         print(f"ktrain: {run_dir} holds no trained model (no final/config.json); train it first", file=sys.stderr)
         return 2
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
     print(greedy_answers(model, tokenizer, [prompt], max_new_tokens)[0])
     return 0

@@ -14,17 +14,16 @@ import peft
 import torch
 
 from ktrain.config.report import ConfigError
-from ktrain_lora.entry import quantization_bits
+from ktrain_lora.keys import quantization_bits
 from ktrain_lora.quantization import keep_training_layout
 
 
 def _linear_names(model: torch.nn.Module) -> set[str]:
-    """Last name parts of every linear layer (full-precision or bitsandbytes) except the output layer."""
-    import bitsandbytes as bnb
-
-    kinds = (torch.nn.Linear, bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)
+    """Last name parts of every linear layer except the output layer (bitsandbytes' 4-bit and 8-bit layers
+    are ``torch.nn.Linear`` too)."""
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, kinds) and m is not output}
+    linear = torch.nn.Linear
+    return {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, linear) and m is not output}
 
 
 def target_modules(model: torch.nn.Module, config: Any) -> list[str] | str | None:

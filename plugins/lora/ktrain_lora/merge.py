@@ -23,7 +23,7 @@ from ktrain.resolve import Plan, prepare
 from ktrain.run.checkpoints import read_manifest
 from ktrain.run.context import Run, compute_dtype
 from ktrain_lora.adapter import adapter_names, attach
-from ktrain_lora.entry import adapter_kind, quantization_bits
+from ktrain_lora.keys import adapter_kind, quantization_bits
 from ktrain_lora.quantization import model_kwargs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import transformers
 
-from ktrain_lora.entry import BnbConfigKwargs, quantization_bits
+from ktrain_lora.keys import BnbConfigKwargs, quantization_bits
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "uint8": torch.uint8}
 

@@ -1,7 +1,8 @@
 """The runtime object of an adapter run: quantized loading, the peft adapter, and the adapter export.
 
-Registered by the entry module only when ``adapter`` (or ``qlora: true``) is written. It imports torch,
-peft and bitsandbytes inside its hooks, so that ``ktrain check`` stays light.
+Registered by the entry module only when ``adapter`` (or ``qlora: true``) is written. It imports torch
+and peft inside its hooks, so that ``ktrain check`` stays light, and bitsandbytes only when the base is
+quantized (``ktrain_lora.bitsandbytes_guard``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ktrain import hookimpl
+from ktrain_lora.bitsandbytes_guard import hidden_bitsandbytes
+from ktrain_lora.keys import quantization_bits
 
 
 def _weights(param: Any) -> int:
@@ -24,6 +27,7 @@ class Lora:
 
     def __init__(self, config: Any):
         self.config = config
+        self.plain = quantization_bits(config) is None  # a full-precision base: bitsandbytes is kept out
 
     @hookimpl
     def ktrain_collect_model_kwargs(self, run: Any) -> dict[str, Any] | None:
@@ -35,9 +39,10 @@ class Lora:
     @hookimpl
     def ktrain_wrap_model(self, model: Any, run: Any) -> Any:
         """Freeze the base and attach the adapter (new, or continued from ``lora_model_dir``)."""
-        from ktrain_lora.adapter import attach
+        with hidden_bitsandbytes(self.plain):
+            from ktrain_lora.adapter import attach
 
-        wrapped = attach(model, self.config)
+            wrapped = attach(model, self.config)
         if run.is_main:
             trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
             total = sum(_weights(p) for p in wrapped.parameters())
@@ -51,10 +56,11 @@ class Lora:
         ``engine.full_state_dict()`` is called on every rank (a sharding engine gathers there); rank 0
         keeps the adapter's tensors and writes them. ``ktrain merge-lora`` turns the folder into a model.
         """
-        from ktrain_lora.adapter import save_adapter
-
         state = engine.full_state_dict()
         if run.is_main:
-            save_adapter(engine.model, state, path, self.config.base_model)
+            with hidden_bitsandbytes(self.plain):
+                from ktrain_lora.adapter import save_adapter
+
+                save_adapter(engine.model, state, path, self.config.base_model)
             run.tokenizer.save_pretrained(path)
         return True

@@ -135,8 +135,9 @@ def test_lora_dora_rslora_modules_to_save_train_and_merge(tmp_path: Path) -> Non
         max_steps=4,
         save_steps=4,
     )
-    done = ktrain("run", str(config))
+    done = ktrain("run", str(config), env={"PYTHONPROFILEIMPORTTIME": "1"})  # every import on stderr
     assert done.returncode == 0, done.stderr
+    assert "bitsandbytes." not in done.stderr  # a base that is not quantized: bitsandbytes is never imported
     losses = records(tmp_path / "out")
     assert losses[4] < losses[1]
     adapter = load_file(tmp_path / "out" / "final" / "adapter_model.safetensors")
@@ -147,6 +148,11 @@ def test_lora_dora_rslora_modules_to_save_train_and_merge(tmp_path: Path) -> Non
     )
     assert checkpoint.returncode == 0, checkpoint.stderr
     _assert_merged_matches(tmp_path, tmp_path / "out" / "merged", tmp_path / "out" / "final", None)
+    # ktrain generate on the run: its base with the adapter on it answers as the merged model does.
+    out = tmp_path / "out"
+    answers = [ktrain("generate", str(folder), "What is 12+34?") for folder in (out, out / "merged")]
+    assert [a.returncode for a in answers] == [0, 0], answers[0].stderr
+    assert answers[0].stdout == answers[1].stdout
     # The trained adapter, continued (lora_model_dir): its first loss is the trained adapter's, not the base's.
     again = write_config(
         tmp_path,
@@ -184,7 +190,7 @@ def _two_ranks_match_the_reference(qlora_run: Path, name: str, **keys: object) -
     run_keys = {**QLORA, "gradient_accumulation_steps": 1, **keys}
     config = write_config(qlora_run, f"{name}.yaml", **run_keys, output_dir=str(qlora_run / name))
     done = ktrain("run", str(config), "--nproc-per-node", "2")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, done.stderr[-3000:]
     expected, got = records(qlora_run / "out"), records(qlora_run / name)
     assert got.keys() == expected.keys() == set(range(1, 7))
     for step in expected:  # only the order of the gradient sums differs
@@ -203,6 +209,21 @@ def test_qlora_under_fsdp2_on_two_ranks_matches_one_process(qlora_run: Path) -> 
     )
     assert merged.returncode == 0, merged.stderr
     _assert_merged_matches(qlora_run, run / "m", qlora_run / "out" / "final", NF4)
+
+
+@pytest.mark.skipif(not _installed("ktrain_fsdp"), reason="needs ktrain-plugin-fsdp: pip install -e plugins/fsdp")
+def test_qlora_under_fsdp2_with_cpu_ram_efficient_loading_matches_one_process(qlora_run: Path) -> None:
+    """Rank 0 alone reads and quantizes the base; the others get its packed 4-bit weights and quantization
+    states by broadcast: the same losses as one process."""
+    fsdp = {"reshard_after_forward": True, "cpu_ram_efficient_loading": True}
+    run = _two_ranks_match_the_reference(qlora_run, "fsdp2-ram", fsdp_version=2, fsdp_config=fsdp)
+    assert (run / "final" / "adapter_model.safetensors").exists()
+
+
+def test_generate_answers_with_the_qlora_adapter_on_its_4bit_base(qlora_run: Path) -> None:
+    done = ktrain("generate", str(qlora_run / "out"), "What is 12+34?")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 1
 
 
 @pytest.mark.skipif(
