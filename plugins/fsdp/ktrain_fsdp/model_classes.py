@@ -25,13 +25,14 @@ def architecture_classes(config: Any) -> set[str] | None:
         return None
     with open(path, encoding="utf-8") as f:
         model_type = str(json.load(f).get("model_type", "")).replace("-", "_")
-    try:
-        spec = importlib.util.find_spec(f"transformers.models.{model_type}.modeling_{model_type}")
-    except ModuleNotFoundError:
-        spec = None
-    if spec is None or spec.origin is None:  # remote code, or an architecture this transformers lacks
+    # The top-level package is found without importing it (a submodule's find_spec would import transformers).
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or spec.origin is None:
         return None
-    with open(spec.origin, encoding="utf-8") as f:
+    modeling = os.path.join(os.path.dirname(spec.origin), "models", model_type, f"modeling_{model_type}.py")
+    if not model_type or not os.path.isfile(modeling):  # remote code, or an architecture this transformers lacks
+        return None
+    with open(modeling, encoding="utf-8") as f:
         return set(re.findall(r"^class (\w+)\(", f.read(), flags=re.MULTILINE))
 
 
