@@ -9,6 +9,7 @@ the kernel's keys.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import types
@@ -110,21 +111,33 @@ def test_local_paths_and_hub_ids(name: str, local: bool) -> None:
     assert looks_local(name) is local
 
 
-@pytest.mark.parametrize(
-    ("value", "expect"),
-    [
-        ("data/nope.jsonl", "datasets[0].path: data/nope.jsonl does not exist"),
-        ("tatsu-lab/alpaca", "ktrain reads datasets from local files only"),
-    ],
-)
-def test_a_dataset_that_is_not_here_is_a_check_error(
-    value, expect, tmp_path, tiny_model_dir, tiny_chat_jsonl, capsys, monkeypatch
+def test_a_local_dataset_that_is_not_here_is_a_check_error(
+    tmp_path, tiny_model_dir, tiny_chat_jsonl, capsys, monkeypatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
     config = write(tmp_path, BASE, tiny_model_dir, tiny_chat_jsonl)
-    code, _, err = check(capsys, config, "--set", f"datasets.0.path={value}")
+    code, _, err = check(capsys, config, "--set", "datasets.0.path=data/nope.jsonl")
     assert code == EXIT_BAD_INPUT
-    assert expect in err
+    assert "  - datasets[0].path: data/nope.jsonl does not exist" in err
+
+
+def test_a_hub_dataset_is_a_warning_of_check_and_refused_by_run(tmp_path, tiny_model_dir, tiny_chat_jsonl, capsys):
+    config = write(tmp_path, BASE, tiny_model_dir, tiny_chat_jsonl)
+    code, out, err = check(capsys, config, "--set", "datasets.0.path=tatsu-lab/alpaca")
+    assert code == EXIT_OK, err
+    assert "warning: datasets[0].path: tatsu-lab/alpaca is a Hugging Face Hub id" in out
+    assert "`hf download tatsu-lab/alpaca --repo-type dataset --local-dir data/alpaca`" in out
+    done = subprocess.run(
+        [sys.executable, "-m", "ktrain.cli", "run", str(config), "--set", "datasets.0.path=tatsu-lab/alpaca"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr
+    assert "  - datasets[0].path: tatsu-lab/alpaca is a Hugging Face Hub id" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()  # refused before the run directory and any rank
 
 
 def test_a_model_folder_without_weights_is_a_check_error(tmp_path, tiny_model_dir, tiny_chat_jsonl, capsys) -> None:

@@ -105,7 +105,7 @@ def prepare(
     for i, entry in enumerate(config.datasets):
         if entry.type is not None and entry.type not in formats:
             report.error(f"datasets[{i}].type", formats.unknown(entry.type, f"datasets[{i}].type"))
-    check_paths(config, report)
+    check_paths(config, report, launching=device is not None)
     report.problems.extend(mesh_report.problems)
     report.problems[loaded:] = [p for p in report.problems[loaded:] if p.top_key not in refused]
     if report.errors or mesh is None:

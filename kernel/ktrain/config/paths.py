@@ -1,8 +1,9 @@
 """Which names are local paths and which are Hugging Face Hub ids, and the checks of the path keys.
 
 A model (``base_model``, ``base_model_config``, ``tokenizer_config``) is a local folder or a Hub id,
-downloaded by the run; a dataset is always local (ktrain reads no data over the network). Nothing here
-contacts the network: a name is a Hub id by its form alone.
+downloaded by the run; a dataset is always local (ktrain reads no data over the network): a Hub id there
+is refused by ``ktrain run`` and a warning of ``ktrain check``. Nothing here contacts the network: a
+name is a Hub id by its form alone.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ def _weightless(folder: str) -> bool:
     return not any(next(root.glob(pattern), None) for pattern in WEIGHTS)
 
 
-def check_paths(config: Any, report: Report) -> None:
-    """Every path key: local ones must exist (a model folder with its weights), datasets must be local,
-    ``output_dir`` must be writable."""
+def check_paths(config: Any, report: Report, launching: bool) -> None:
+    """Every path key: local ones must exist (a model folder with its weights), ``output_dir`` must be
+    writable, and datasets must be local: a Hub id is an error when ``launching`` (``ktrain run``), else
+    a warning (``ktrain check``)."""
     for key in MODEL_KEYS:
         value = getattr(config, key)
         if value and looks_local(value) and not exists(value):
@@ -75,13 +77,16 @@ def check_paths(config: Any, report: Report) -> None:
                 continue
             if looks_local(entry.path):
                 report.error(f"{key}[{i}].path", f"{entry.path} does not exist")
-            else:
-                report.error(
-                    f"{key}[{i}].path",
-                    f"{entry.path} is no local file or folder, and ktrain reads datasets from local files only; "
-                    f"for the Hugging Face Hub dataset: `hf download {entry.path} --repo-type dataset "
-                    f"--local-dir data/{entry.path.split('/')[-1]}` and give that folder",
-                )
+                continue
+            fetch = f"hf download {entry.path} --repo-type dataset --local-dir data/{entry.path.split('/')[-1]}"
+            message = (
+                f"{entry.path} is a Hugging Face Hub id, and ktrain reads datasets from local files only: "
+                f"`{fetch}` and give that folder"
+            )
+            if launching:
+                report.error(f"{key}[{i}].path", message)
+            else:  # check may run where the data is not; the run refuses it
+                report.warn(f"{key}[{i}].path", f"{message} (`ktrain run` refuses it)")
     if config.exact_match_eval and not os.path.isfile(config.exact_match_eval):
         report.error("exact_match_eval", f"{config.exact_match_eval} is not a file")
     out = Path(config.output_dir).expanduser().absolute()
