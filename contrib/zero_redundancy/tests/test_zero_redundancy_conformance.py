@@ -25,7 +25,8 @@ class TestZeroRedundancyConformance(ShardingConformance):
         assert 0.45 < two[self.steps] / one[self.steps] < 0.55, (one, two)
 
     def test_a_two_rank_checkpoint_resumes_on_one_rank(self, sharding_runs: ShardingRuns) -> None:
-        """The optimizer state is saved whole, so 1 rank (2 micro-batches per step) continues the 2-rank run."""
+        """The optimizer state is saved whole, so 1 rank continues the 2-rank run: the same micro-batches of 2 rows,
+        4 of them a step instead of 2 on each rank (a resume keeps the global batch and the micro-batch)."""
         whole = sharding_runs.plugin_two_ranks()
         out = whole.parent / f"{whole.name}-on-one-rank"
         shutil.copytree(whole, out)
@@ -33,7 +34,12 @@ class TestZeroRedundancyConformance(ShardingConformance):
             shutil.rmtree(later)
         shutil.rmtree(out / "final")
         project = sharding_runs.cache.project(self.env)
-        keys = {"max_steps": self.steps, "save_steps": self.steps // 2, "gradient_accumulation_steps": 2}
+        keys = {
+            "max_steps": self.steps,
+            "save_steps": self.steps // 2,
+            "micro_batch_size": 2,
+            "gradient_accumulation_steps": 4,
+        }
         config = project.config(self.plugin_yaml, name=out.name, output_dir=str(out), **keys)
         project.train(config, "--resume", nproc=1)
         resumed, reference = read_metrics(out), read_metrics(whole)
