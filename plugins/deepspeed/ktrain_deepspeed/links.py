@@ -54,7 +54,7 @@ class Link:
 
 
 def _clipping(config: Any, facts: Facts) -> float:
-    return 0.0 if config.max_grad_norm is None else float(config.max_grad_norm)
+    return float(config.max_grad_norm)  # 0: no clipping, for both
 
 
 def _train_batch(config: Any, facts: Facts) -> Any:
@@ -98,7 +98,7 @@ def _hidden_squared(scale: float) -> Callable[[Any, Facts], Any]:
 LINKS = (
     Link("train_micro_batch_size_per_gpu", "micro_batch_size", lambda c, f: c.micro_batch_size),
     Link("gradient_accumulation_steps", "gradient_accumulation_steps", lambda c, f: c.gradient_accumulation_steps),
-    Link("gradient_clipping", "max_grad_norm (null: 0, no clipping)", _clipping),
+    Link("gradient_clipping", "max_grad_norm (0: no clipping)", _clipping),
     Link("train_batch_size", "micro_batch_size x gradient_accumulation_steps x data-parallel ranks", _train_batch),
     Link("bf16.enabled", "bf16", _bf16),
     Link("fp16.enabled", "fp16", lambda c, f: c.fp16),

@@ -103,7 +103,7 @@ def test_a_value_that_contradicts_a_ktrain_key_names_both_places(config, tmp_pat
 
 def test_auto_and_absent_settings_are_filled_from_ktrain_keys(config, tmp_path) -> None:
     """On a rank: "auto" and the settings the JSON leaves out take ktrain's values, bucket sizes the hidden size's."""
-    path = config(micro_batch_size=3, gradient_accumulation_steps=4, max_grad_norm=None, learning_rate=1e-4, bf16=True)
+    path = config(micro_batch_size=3, gradient_accumulation_steps=4, max_grad_norm=0, learning_rate=1e-4, bf16=True)
     _, loaded = load_plugins_and_config(path, [])
     settings = json.loads((COMPAT / "zero3.json").read_text())
     settings["optimizer"] = {"type": "AdamW", "params": {"lr": "auto"}}
@@ -112,7 +112,7 @@ def test_auto_and_absent_settings_are_filled_from_ktrain_keys(config, tmp_path) 
     assert filled["train_micro_batch_size_per_gpu"] == 3
     assert filled["gradient_accumulation_steps"] == 4
     assert filled["train_batch_size"] == 3 * 4 * 2
-    assert filled["gradient_clipping"] == 0.0  # max_grad_norm: null
+    assert filled["gradient_clipping"] == 0.0  # max_grad_norm: 0
     assert (filled["bf16"]["enabled"], filled["fp16"]["enabled"]) == (True, False)
     assert filled["optimizer"]["params"] == {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}
     zero = filled["zero_optimization"]
