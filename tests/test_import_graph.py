@@ -36,6 +36,7 @@ KERNEL_TOP_LEVEL = {
     "registry",
     "report_text",
     "resolve",
+    "resume_check",
     "run/",
     "run_dir",
     "testing/",
