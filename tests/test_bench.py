@@ -194,16 +194,16 @@ def test_bench_configs_check_on_random_tokens(name: str, tmp_path: Path, monkeyp
     monkeypatch.chdir(REPO)
     plan, synthetic = bench_plan(f"configs/bench/{name}", [], tmp_path, synthetic=False)
     assert synthetic and plan.mesh.world_size == 1
-    sequence = 2048 if name.startswith("llama_8b") else 4096  # issue 7's QLoRA shape; issue 9's 1.5B shape
+    sequence = 2048 if name.startswith("llama_8b") else 4096  # the 8B QLoRA shape; the 1.5B Llama shape
     assert (plan.config.sequence_len, plan.config.micro_batch_size, plan.config.bf16) == (sequence, 4, True)
     master = name.endswith("_master.yaml")  # bf16 weights, fp32 masters and Adam states
     assert plan.config.optimizer == ("adamw_fp32_master" if master else "adamw_torch_fused")
     assert plan.config.bfloat16 == master
 
 
-def test_the_1p5b_shape_gives_the_issues_mfu() -> None:
-    """configs/bench/llama_1p5b is issue 9's shape: 1.5B parameters, and its peer's 43.7k tokens/s on a
-    989 TFLOP/s H200 are the 39.9% MFU the issue states, by the formula the bench prints."""
+def test_the_1p5b_shape_gives_its_peers_mfu() -> None:
+    """configs/bench/llama_1p5b is the 1.5B Llama shape: 1.5B parameters, and its peer's 43.7k tokens/s on a
+    989 TFLOP/s H200 are 39.9% MFU (docs/performance.md), by the formula the bench prints."""
     config = transformers.AutoConfig.from_pretrained(REPO / "configs" / "bench" / "llama_1p5b")
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)

@@ -1,7 +1,7 @@
-"""tools/device/multi_gpu.py, issue 10's parity measure, on CPU ranks: FSDP2 on 2 ranks trains the same
+"""tools/device/multi_gpu.py's parity measure, on CPU ranks: FSDP2 on 2 ranks trains the same
 global batch as one rank accumulating 2 micro-batches, to the same losses; a layout that changes the
-training (a higher learning rate) is reported as differing, with exit code 1; the two seed configs
-written for 8 GPUs match one rank on 8 ranks."""
+training (a higher learning rate) is reported as differing, with exit code 1; the two Axolotl-style
+configs written for 8 GPUs (configs/hsdp_tp.yaml, configs/qwen3_fsdp_tp_cp.yaml) match one rank on 8 ranks."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_parity_of_two_ranks_against_one_rank_accumulating(layout: str, agree: b
     assert "against 1 rank x 2 accumulation" in done.stdout
 
 
-# The two seed configs written for 8 GPUs, on 8 CPU ranks with tiny models in place of the hub ones; the
+# The two Axolotl-style configs written for 8 GPUs, on 8 CPU ranks with tiny models in place of the hub ones; the
 # one-rank reference sets their mesh sizes back to 1.
 SEED_LAYOUTS = {
     "hsdp_tp.yaml": ("llama", ["--layout", "dp_shard_size=2"], ["dp_replicate_size", "tensor_parallel_size"]),

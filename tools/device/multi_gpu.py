@@ -1,4 +1,4 @@
-"""Issue 10's two measures on a machine of several GPUs (or CPU ranks): loss parity and scaling.
+"""Two measures on a machine of several GPUs (or CPU ranks): loss parity and scaling.
 
     python tools/device/multi_gpu.py parity CONFIG --nproc N [--layout KEY=VALUE ...] [--reference KEY=VALUE ...]
         [--set KEY=VALUE ...]
@@ -16,7 +16,7 @@ the one-rank run only (a config that holds its own layout, such as configs/hsdp_
 sizes back to 1 there).
 
 scaling: the config on each rank count of ``--nproc``, the global batch growing with the data-parallel
-ranks; tokens/s per device and its share of the one-rank figure (issue 10's target: at least 90% at 8 GPUs
+ranks; tokens/s per device and its share of the one-rank figure (the aim: at least 90% at 8 GPUs
 for FSDP2).
 """
 

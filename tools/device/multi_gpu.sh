@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10 in one device call on a machine of several GPUs (nvidia-h200-x2/-x4/-x8): loss parity of every
+# The multi-GPU measures in one device call on a machine of several GPUs (nvidia-h200-x2/-x4/-x8): loss parity of every
 # parallel layout against one GPU, then tokens/s per GPU as the ranks grow, with tools/device/multi_gpu.py.
 # Results land in $OUT (at most 8 files come back: parity.txt, seeds.txt, scaling.txt, and the JSON of
 # parity and scaling kept in parity.jsonl / scaling.jsonl). Carry .whl (pluggy, attrs, cattrs, liger-kernel, deepspeed and its
@@ -13,7 +13,7 @@ GPUS=$(nvidia-smi -L | wc -l)
 echo "$(date +%T) $GPUS GPUs"
 TINY=/tmp/tiny.yaml  # the quickstart's tiny Llama, random weights, fp32: parity to 1e-4
 printf 'base_model: configs/quickstart/model\nrandom_init_weights: true\nsequence_len: 256\nmicro_batch_size: 2\nseed: 0\n' > $TINY
-BIG="configs/bench/llama_1p5b.yaml --set micro_batch_size=1"  # issue 9's shape, bf16 autocast: parity to 1e-2
+BIG="configs/bench/llama_1p5b.yaml --set micro_batch_size=1"  # the 1.5B Llama shape, bf16 autocast: parity to 1e-2
 # name|keys of the layout (N ranks only)|GPUs it needs (default 2)|keys of both runs (the adapter: the one-rank
 # reference trains the same adapter)
 LAYOUTS=(
@@ -42,7 +42,7 @@ if [ "${PARITY:-1}" = 1 ]; then
     done
   done
 fi
-if [ "${SEEDS:-1}" = 1 ] && [ "$GPUS" -ge 8 ]; then  # the seed configs written for 8 GPUs: parity (tiny), then the 8B shapes train
+if [ "${SEEDS:-1}" = 1 ] && [ "$GPUS" -ge 8 ]; then  # the Axolotl-style configs written for 8 GPUs: parity (tiny), then the 8B shapes train
   python -c "from pathlib import Path; from ktrain.testing.assets import write_model_dir as w; w(Path('/tmp/qwen3'), model_type='qwen3', architectures=['Qwen3ForCausalLM'])"
   timeout 600 p parity configs/hsdp_tp.yaml --nproc 8 --set base_model=configs/quickstart/model --set random_init_weights=true \
     --layout dp_shard_size=2 --reference dp_shard_size=1 --reference dp_replicate_size=1 --reference tensor_parallel_size=1 \

@@ -69,7 +69,7 @@ def test_bad_adapter_config_names_the_key(check, keys: dict, path: str, words: s
     assert words in line, line
 
 
-def test_the_articles_spellings_check_and_lora_keys_alone_are_warned_about(check) -> None:
+def test_axolotl_qlora_spellings_check_and_lora_keys_alone_are_warned_about(check) -> None:
     code, out = check(qlora=True, load_in_4bit=True, lora_target_linear=True, lora_r=16)
     assert code == 0, out
     assert "export: 'lora' (ktrain-plugin-lora" in out and "enabled by qlora, load_in_4bit" in out
