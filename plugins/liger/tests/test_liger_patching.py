@@ -20,6 +20,7 @@ from transformers.models.qwen3 import modeling_qwen3
 
 from ktrain import hookimpl
 from ktrain.cli import main
+from ktrain.config.report import ConfigError
 from ktrain.plugins import PluginError
 from ktrain.resolve import prepare
 from ktrain_liger.patch import patch, unsupported
@@ -130,13 +131,14 @@ def test_a_cpu_run_stops_before_any_rank_starts_naming_the_key(root: Path) -> No
     assert not (root / "out").exists()  # refused before the run directory, before any rank
 
 
-def test_an_architecture_liger_lacks_stops_before_training(root: Path) -> None:
+def test_an_architecture_liger_lacks_stops_before_the_model_loads(root: Path) -> None:
+    """On the ranks, before the model loads (``ktrain run`` on CPU ranks is refused earlier, by the device)."""
     model_dir(root, model_type="gpt2", architectures=["GPT2LMHeadModel"], n_embd=64, n_layer=2, n_head=4)
     config = write_config(root, liger_swiglu=True)  # the older spelling of liger_glu_activation
-    done = ktrain("run", str(config))
-    assert done.returncode == 2, done.stderr
-    assert "liger_swiglu: liger-kernel has no kernels for model_type 'gpt2'" in done.stderr
-    assert not (root / "out" / "metrics.jsonl").exists()
+    plan = prepare(config)
+    liger = next(a.obj for a in plan.plugins.activations if a.plugin.name == "liger")
+    with pytest.raises(ConfigError, match="liger_swiglu: liger-kernel has no kernels for model_type 'gpt2'"):
+        liger.ktrain_collect_model_kwargs(run=types.SimpleNamespace(device=torch.device("cpu")))
 
 
 def test_an_op_the_architecture_lacks_is_named() -> None:
