@@ -89,7 +89,7 @@ def run_peer(
         if variant == "mixed" and compute_dtype != torch.float32
         else contextlib.nullcontext()
     )
-    clip = config.max_grad_norm if config.max_grad_norm is not None else math.inf
+    clip = config.max_grad_norm or math.inf  # 0 or null: no clipping, as in the kernel
     timeline = Timeline(device)
 
     def step(i: int) -> tuple[torch.Tensor, int]:
