@@ -26,8 +26,8 @@ from ktrain.config.keys import KERNEL_SECTIONS, key
 from ktrain.config.launch import Launch
 from ktrain.config.load import Section, load_config
 from ktrain.config.paths import looks_local
+from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError
-from ktrain.resolve import prepare
 
 REPO = Path(ktrain.__file__).resolve().parents[2]
 

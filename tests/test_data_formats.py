@@ -15,10 +15,10 @@ import pytest
 import transformers
 import yaml
 
+from ktrain.config.plan import prepare
 from ktrain.data import cache, templates
 from ktrain.data.formats import ALPACA_PROMPT, IGNORE
 from ktrain.data.reading import DataError
-from ktrain.resolve import prepare
 from tests.kit import model_dir
 
 USER, ASSISTANT = "<|im_start|>user\n", "<|im_start|>assistant\n"

@@ -126,7 +126,7 @@ def test_flash_varlen_packed_row_matches_samples_one_by_one(tiny: Path) -> None:
 def test_flex_attention_falls_back_to_sdpa_without_a_gpu(tiny_config) -> None:
     """FlexAttention has no backward on a CPU: a run asking for it trains with SDPA, and says so."""
     from ktrain.builtin.hf_model import attention_implementation
-    from ktrain.resolve import load_plugins_and_config
+    from ktrain.config.plan import load_plugins_and_config
 
     _, config = load_plugins_and_config(tiny_config(attn_implementation="flex_attention", sample_packing=True), [])
     with pytest.warns(UserWarning, match="FlexAttention has no backward pass on a CPU; using PyTorch SDPA"):

@@ -16,8 +16,8 @@ import yaml
 
 from ktrain import hookspecs
 from ktrain.cli import COMMANDS, EXIT_BAD_INPUT, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from ktrain.commands.describe import hook_names, hook_signature
 from ktrain.config.keys import KERNEL_SECTIONS, PLUGIN_KEYS, DatasetEntry
-from ktrain.report_text import hook_names, hook_signature
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 DELIBERATE_TYPOS = {"ktrain_wrap_modle"}  # the example of a misspelled hook
@@ -50,7 +50,7 @@ def test_hooks_md_documents_no_hook_that_does_not_exist() -> None:
 
 
 def test_hooks_md_example_plugin_runs(tmp_path, tiny_model_dir, tiny_chat_jsonl) -> None:
-    from ktrain.resolve import prepare
+    from ktrain.config.plan import prepare
 
     code = re.search(r"## A small plugin.*?```python\n(.*?)```", _hooks_md(), re.DOTALL).group(1)
     module = types.ModuleType("loss_printer")

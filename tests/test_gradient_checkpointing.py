@@ -14,7 +14,7 @@ import torch
 import transformers
 
 from ktrain.builtin.hf_model import enable_gradient_checkpointing
-from ktrain.resolve import load_plugins_and_config
+from ktrain.config.plan import load_plugins_and_config
 from tests.kit import model_dir
 
 

@@ -23,9 +23,9 @@ import pytest
 import ktrain
 from ktrain import hookimpl, hookspecs
 from ktrain.cli import EXIT_BAD_INPUT, main
+from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError
 from ktrain.plugins import DEFAULT_OWNERS, OWNED_HOOKS, PluginError, discover
-from ktrain.resolve import prepare
 
 BUILTIN = Path(ktrain.__file__).parent / "builtin"
 
@@ -95,13 +95,13 @@ def test_one_claim_is_fine_and_replaces_the_default(config) -> None:
 
 
 def test_cli_prints_a_role_conflict_and_exits_2(config, monkeypatch, capsys) -> None:
-    import ktrain.resolve
+    import ktrain.config.plan
 
     extra = [
         ("fsdp_like", claiming("fsdp_like", "shard_a", ("sharding",))),
         ("zero_like", claiming("zero_like", "shard_b", ("sharding",))),
     ]
-    monkeypatch.setattr(ktrain.resolve, "discover", lambda more=(): discover([*extra, *more]))
+    monkeypatch.setattr(ktrain.config.plan, "discover", lambda more=(): discover([*extra, *more]))
     code = main(["check", str(config(shard_a=True, shard_b=True))])
     err = capsys.readouterr().err
     assert code == EXIT_BAD_INPUT
@@ -335,10 +335,10 @@ def test_runtime_object_with_a_bad_signature_fails_at_activation(config) -> None
 
 
 def test_cli_prints_a_misspelled_hook_and_exits_2(config, monkeypatch, capsys) -> None:
-    import ktrain.resolve
+    import ktrain.config.plan
 
     typo = plugin("typo", ktrain_wrap_modle=lambda model, run: None)
-    monkeypatch.setattr(ktrain.resolve, "discover", lambda more=(): discover([("typo", typo), *more]))
+    monkeypatch.setattr(ktrain.config.plan, "discover", lambda more=(): discover([("typo", typo), *more]))
     code = main(["check", str(config())])
     err = capsys.readouterr().err
     assert code == EXIT_BAD_INPUT

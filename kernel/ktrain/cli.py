@@ -132,8 +132,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ktrain.report_text import describe_plan
-    from ktrain.resolve import prepare
+    from ktrain.commands.describe import describe_plan
+    from ktrain.config.plan import prepare
 
     plan = prepare(args.config, args.overrides, world_size=args.world_size)
     print(describe_plan(plan, every_key=args.all))
@@ -147,9 +147,9 @@ def _preprocess(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
+    from ktrain.commands.describe import describe_keys
+    from ktrain.config.plan import load_plugins_and_config
     from ktrain.registry import collect
-    from ktrain.report_text import describe_keys
-    from ktrain.resolve import load_plugins_and_config
 
     plugins, config = load_plugins_and_config(None, [])
     names = {
@@ -161,34 +161,34 @@ def _keys(args: argparse.Namespace) -> int:
 
 
 def _plugins(args: argparse.Namespace) -> int:
+    from ktrain.commands.describe import describe_plugins
     from ktrain.plugins import discover
-    from ktrain.report_text import describe_plugins
 
     print(describe_plugins(discover()))
     return EXIT_OK
 
 
 def _hooks(args: argparse.Namespace) -> int:
-    from ktrain.report_text import describe_hooks
+    from ktrain.commands.describe import describe_hooks
 
     print(describe_hooks())
     return EXIT_OK
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from ktrain.generate import generate_cli
+    from ktrain.commands.generate import generate_cli
 
     return generate_cli(args.run_dir, args.prompt, args.max_new_tokens)
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ktrain.export import export_cli
+    from ktrain.commands.export import export_cli
 
     return export_cli(args.run_dir, args.checkpoint, args.output)
 
 
 def _env(args: argparse.Namespace) -> int:
-    from ktrain.environment import describe_environment
+    from ktrain.commands.env import describe_environment
 
     print(describe_environment())
     return EXIT_OK

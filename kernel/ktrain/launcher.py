@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ktrain.config.plan import Plan, prepare
 from ktrain.config.report import ConfigError
-from ktrain.resolve import Plan, prepare
 from ktrain.run_dir import Before, prepare_run_dir
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import IO
 
 from ktrain import __version__
+from ktrain.config.plan import Plan
 from ktrain.config.report import ConfigError
 from ktrain.files import atomic_write_text
-from ktrain.resolve import Plan
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".ktrain.lock"

@@ -79,8 +79,8 @@ def bpe_tokenizer(rows: list[dict], folder: Path) -> Path:
 def tokenize_ktrain(data: Path, tokenizer_dir: Path, work: Path) -> tuple[float, str]:
     import transformers
 
+    from ktrain.config.plan import prepare
     from ktrain.data import cache, packing
-    from ktrain.resolve import prepare
 
     config = {
         "base_model": str(tokenizer_dir),
@@ -154,9 +154,9 @@ def train(work: Path, steps: int) -> None:
     import torch
     import transformers
 
+    from ktrain.config.plan import prepare
     from ktrain.data import cache, packing
     from ktrain.data.batches import BatchPlan
-    from ktrain.resolve import prepare
     from tests.kit import model_dir, write_config
 
     small = alpaca_rows(4000, seed=1, scale=0.2)

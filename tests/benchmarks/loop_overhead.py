@@ -22,9 +22,9 @@ import transformers
 import yaml
 
 from ktrain import hookimpl
+from ktrain.config.plan import prepare
 from ktrain.data.batches import BatchPlan, collate
 from ktrain.data.cache import build
-from ktrain.resolve import prepare
 from ktrain.run.trainer import rank_main
 from ktrain.run_dir import prepare_run_dir
 

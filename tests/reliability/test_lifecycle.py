@@ -175,7 +175,7 @@ def test_the_first_checkpoint_of_a_lora_run_needs_the_adapter_not_the_base(root:
     checkpoint holds and is far below the base model's size, which no LoRA checkpoint holds."""
     pytest.importorskip("ktrain_lora")
     from ktrain import hookimpl
-    from ktrain.resolve import prepare
+    from ktrain.config.plan import prepare
     from ktrain.run.checkpoints import first_checkpoint_bytes
     from ktrain.run.trainer import rank_main
     from ktrain.run_dir import prepare_run_dir

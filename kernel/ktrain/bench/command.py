@@ -14,8 +14,8 @@ from ktrain.bench.measure import measure
 from ktrain.bench.ranks import RanksFailed, bench_ranks
 from ktrain.bench.report import describe_report
 from ktrain.bench.rows import Lengths
+from ktrain.config.plan import Plan, load_plugins_and_config, prepare
 from ktrain.config.report import ConfigError
-from ktrain.resolve import Plan, load_plugins_and_config, prepare
 from ktrain.run import distributed
 from ktrain.run.trainer import rank_run
 from ktrain.run_dir import write_run_files

@@ -49,7 +49,7 @@ class ExactMatch:
             report.error("exact_match_eval", f"{config.exact_match_eval}: {e}")
 
     def score(self, run: Any, engine: Any, when: str) -> float:
-        from ktrain.generate import greedy_answers
+        from ktrain.commands.generate import greedy_answers
 
         answers = greedy_answers(engine.model, run.tokenizer, [q for q, _ in self.questions], max_new_tokens=16)
         right = sum(a == expected for a, (_, expected) in zip(answers, self.questions, strict=True))

@@ -108,7 +108,7 @@ def check(plan: Any, tokenizer: Any) -> int:
 
 def preprocess_cli(config_path: str, overrides: list[str], check_only: bool) -> int:
     """Build (or find) the cache of ``config_path``'s datasets; with ``check_only`` only check them."""
-    from ktrain.resolve import prepare
+    from ktrain.config.plan import prepare
 
     plan = prepare(config_path, overrides, with_defaults=True)
     config = plan.config

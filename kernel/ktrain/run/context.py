@@ -10,9 +10,9 @@ import attrs
 import torch
 import torch.distributed as dist
 
+from ktrain.config.mesh import MeshPlan
 from ktrain.config.model import Config
-from ktrain.mesh import MeshPlan
-from ktrain.resolve import Plan
+from ktrain.config.plan import Plan
 from ktrain.run.distributed import submesh
 
 GRADIENT_DIMS = ("dp_replicate", "dp_shard", "cp")

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ktrain.mesh import MeshPlan
+from ktrain.config.mesh import MeshPlan
 
 PG_TIMEOUT_S = int(os.environ.get("KTRAIN_PG_TIMEOUT_S", "1800"))
 

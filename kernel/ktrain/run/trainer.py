@@ -329,7 +329,7 @@ class Trainer:
 
 def rank_run(run_dir: Path, extra_plugins: tuple = ()) -> Run:
     """This rank's run of the plan in ``run_dir``: seeds set, the process group started (torchrun's env)."""
-    from ktrain.resolve import prepare
+    from ktrain.config.plan import prepare
 
     rank, local_rank, world = distributed.rank_env()
     plan = prepare(run_dir / "config.yaml", world_size=world, with_defaults=True, extra_plugins=extra_plugins)

@@ -123,7 +123,7 @@ class KtrainProject:
         structured ``config``, the ``plugins`` with their activations and roles, and the ``mesh``.
         Raises the ``ConfigError`` or ``PluginError`` that ``ktrain check`` would print.
         """
-        from ktrain.resolve import prepare
+        from ktrain.config.plan import prepare
 
         return prepare(self.config(yaml_text, name="plan", **keys), world_size=world_size, extra_plugins=plugins)
 

@@ -19,7 +19,7 @@ import pytest
 
 from ktrain import hookimpl
 from ktrain.cli import main
-from ktrain.resolve import load_plugins_and_config
+from ktrain.config.plan import load_plugins_and_config
 from ktrain_deepspeed import links
 from ktrain_deepspeed.accelerator import load_deepspeed
 from ktrain_deepspeed.presets import PRESET_DIR, preset_names
@@ -228,7 +228,7 @@ def test_what_this_machine_cannot_run_stops_before_the_ranks(config, tmp_path, c
 def test_deepspeed_with_fsdp_names_both_plugins(config, capsys, monkeypatch) -> None:
     """Both claim ``sharding``: the kernel stops the run naming both plugins and the keys that enabled them."""
     if importlib.util.find_spec("ktrain_fsdp") is None:  # stand in for ktrain-plugin-fsdp's claim, as it makes it
-        import ktrain.resolve
+        import ktrain.config.plan
         from ktrain.plugins import discover
 
         keys = attrs.make_class("FsdpKeys", {"fsdp_version": attrs.field(default=None, metadata={"help": "FSDP"})})
@@ -240,7 +240,7 @@ def test_deepspeed_with_fsdp_names_both_plugins(config, capsys, monkeypatch) -> 
                 activate(types.SimpleNamespace(), roles=("sharding",), keys=("fsdp_version",))
 
         fsdp.ktrain_activate = hookimpl(ktrain_activate)
-        monkeypatch.setattr(ktrain.resolve, "discover", lambda more=(): discover([("fsdp", fsdp), *more]))
+        monkeypatch.setattr(ktrain.config.plan, "discover", lambda more=(): discover([("fsdp", fsdp), *more]))
     code = main(["check", str(config(deepspeed="zero2", fsdp_version=2))])
     err = capsys.readouterr().err
     assert code == 2

@@ -36,8 +36,8 @@ def _rank(rank: int, world: int, port: int, model_config: dict[str, Any], out: A
     import transformers
     from torch.distributed.device_mesh import init_device_mesh
 
+    from ktrain.config.mesh import MeshPlan
     from ktrain.engine import param_groups
-    from ktrain.mesh import MeshPlan
     from ktrain_fsdp.options import FsdpOptions
     from ktrain_fsdp.sharding import shard
 

@@ -21,9 +21,9 @@ import yaml
 
 from ktrain import hookimpl
 from ktrain.cli import main
+from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError
 from ktrain.plugins import PluginError
-from ktrain.resolve import prepare
 from ktrain_fsdp.options import FsdpOptions
 from tests.kit import REPO
 

@@ -20,9 +20,9 @@ from transformers.models.qwen3 import modeling_qwen3
 
 from ktrain import hookimpl
 from ktrain.cli import main
+from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError
 from ktrain.plugins import PluginError
-from ktrain.resolve import prepare
 from ktrain_liger.patch import patch, unsupported
 from tests.kit import dataset, ktrain, model_dir, write_config
 

@@ -17,9 +17,9 @@ from typing import Any
 import peft
 import torch
 
+from ktrain.config.plan import Plan, prepare
 from ktrain.config.report import ConfigError
 from ktrain.registry import collect
-from ktrain.resolve import Plan, prepare
 from ktrain.run.checkpoints import read_manifest
 from ktrain.run.context import Run, compute_dtype
 from ktrain_lora.adapter import adapter_names, attach

@@ -66,7 +66,7 @@ def adapter_model(run_dir: Path, adapter: Path) -> Any:
     """
     import peft
 
-    from ktrain.resolve import prepare
+    from ktrain.config.plan import prepare
     from ktrain.run.context import Run
     from ktrain.run.trainer import merged
 

@@ -11,9 +11,9 @@ import shutil
 import sys
 from pathlib import Path
 
+from ktrain.config.plan import load_plugins_and_config
 from ktrain.config.report import ConfigError
 from ktrain.registry import collect
-from ktrain.resolve import load_plugins_and_config
 from ktrain.run.checkpoints import checkpoint_root, complete_checkpoints, read_manifest, verify
 
 

@@ -9,8 +9,8 @@ import attrs
 from ktrain import hookspecs
 from ktrain.config.model import Config
 from ktrain.config.paths import hub_models
+from ktrain.config.plan import Plan
 from ktrain.plugins import DEFAULT_OWNERS, KERNEL_INFO_NAME, Plugins
-from ktrain.resolve import Plan
 
 
 def _value(value: object) -> str:

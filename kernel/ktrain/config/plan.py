@@ -15,10 +15,10 @@ import attrs
 from ktrain.config.install import install_command
 from ktrain.config.launch import Launch
 from ktrain.config.load import Section, read_config
+from ktrain.config.mesh import KERNEL_DIMS, MeshPlan, check_sizes, plan_mesh
 from ktrain.config.model import Config
 from ktrain.config.paths import check_paths
 from ktrain.config.report import ConfigError, Problem, Report
-from ktrain.mesh import KERNEL_DIMS, MeshPlan, check_sizes, plan_mesh
 from ktrain.plugins import PluginError, Plugins, activate, discover
 from ktrain.registry import Registry, collect
 
