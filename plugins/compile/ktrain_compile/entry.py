@@ -8,30 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
-
 from ktrain import hookimpl
-from ktrain.config.keys import key
+from ktrain_compile.keys import MODES, CompileKeys
 
-MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # mesh sizes (the kernel's two, the parallel plugin's Ulysses degree) under which compiled blocks are refused:
 # with tensor_parallel_size 2 the compiled blocks' gradients differed from eager ones (docs: plugins/compile)
 PARALLEL_SIZES = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree")
 
 
-@attrs.define(kw_only=True)
-class CompileKeys:
-    """torch.compile of each transformer block: pointwise work fused into fewer kernels."""
-
-    torch_compile: bool = key(
-        False, "compile each transformer block's forward with torch.compile (the blocks' hooks stay eager)"
-    )
-    torch_compile_backend: str = key("inductor", "torch.compile's backend (torch._dynamo.list_backends())")
-    torch_compile_mode: str | None = key(None, f"torch.compile's mode: one of {', '.join(MODES)}")
-
-
 @hookimpl
 def ktrain_register_config(register) -> None:
+    """Declare ``torch_compile``, ``torch_compile_backend`` and ``torch_compile_mode``."""
     register(CompileKeys)
 
 
