@@ -9,35 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
-
 from ktrain import hookimpl
-from ktrain.config.keys import key
+from ktrain_fused_loss.keys import FusedLossKeys
 
 # the output layer is split over the vocabulary (tensor parallelism) or the tokens over ranks in ways the
 # loss's divisor and label shift do not follow yet: refused, as the compile plugin refuses them
 PARALLEL_SIZES = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree")
 
 
-@attrs.define(kw_only=True)
-class FusedLossKeys:
-    """The output layer and the cross entropy in one autograd function, with no host synchronization."""
-
-    fused_linear_cross_entropy: bool = key(
-        False,
-        "compute the output layer and the token-sum cross entropy together: the gradient overwrites the "
-        "bf16 logits in the forward, the logits are never upcast, and no step waits for the device",
-    )
-    fused_linear_cross_entropy_chunks: int = key(
-        1,
-        "split the tokens into this many chunks in the forward: with 1 the gradient of all the logits "
-        "(tokens x vocab in the compute dtype) is held until the backward, which is fastest; more chunks "
-        "hold one chunk's logits at a time",
-    )
-
-
 @hookimpl
 def ktrain_register_config(register) -> None:
+    """Declare ``fused_linear_cross_entropy`` and ``fused_linear_cross_entropy_chunks``."""
     register(FusedLossKeys)
 
 
