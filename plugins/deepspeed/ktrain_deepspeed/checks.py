@@ -10,7 +10,7 @@ import importlib.metadata
 from typing import Any
 
 from ktrain_deepspeed import links, zero
-from ktrain_deepspeed.source import Source
+from ktrain_deepspeed.source import Source, SourceError, read
 
 ADAMW = ("adamw_torch", "adamw_torch_fused", "adamw")
 MESH_KEYS = {
@@ -18,6 +18,19 @@ MESH_KEYS = {
     "tensor_parallel_size": "tensor parallelism",
     "context_parallel_size": "context parallelism",
 }
+
+
+def validate(config: Any, report: Any) -> None:
+    """Read ``deepspeed:`` when it is written and check it against the rest of the config (DeepSpeed's own check
+    of its keys is the runtime object's)."""
+    if config.deepspeed is None:
+        return
+    try:
+        source = read(config.deepspeed)
+    except SourceError as e:
+        report.error("deepspeed", str(e))
+        return
+    check(source, config, report)
 
 
 def check(source: Source, config: Any, report: Any) -> None:

@@ -9,27 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
-
 from ktrain import hookimpl
-from ktrain.config.keys import key
 from ktrain.registry import lazy
-from ktrain_deepspeed import checks, presets
-from ktrain_deepspeed.source import SourceError, read
+from ktrain_deepspeed import presets
+from ktrain_deepspeed.checks import validate
+from ktrain_deepspeed.keys import DeepSpeedKeys
 
 KTRAIN_ROLES = ("sharding", "checkpoint_format")
 FORMAT = "deepspeed"
-
-
-@attrs.define(kw_only=True)
-class DeepSpeedKeys:
-    """The key that turns DeepSpeed ZeRO on."""
-
-    deepspeed: str | dict[str, Any] | None = key(
-        None,
-        "DeepSpeed ZeRO: a JSON file, an inline mapping, or a preset (zero1, zero2, zero3, zero3_bf16, "
-        'zero3_bf16_cpuoffload_params, zero3_bf16_cpuoffload_all); "auto" values are filled from ktrain\'s keys',
-    )
 
 
 @hookimpl
@@ -40,15 +27,8 @@ def ktrain_register_config(register) -> None:
 
 @hookimpl
 def ktrain_validate_config(config: Any, report: Any) -> None:
-    """Read ``deepspeed:`` and check it against the rest of the config (DeepSpeed's own check is the runtime's)."""
-    if config.deepspeed is None:
-        return
-    try:
-        source = read(config.deepspeed)
-    except SourceError as e:
-        report.error("deepspeed", str(e))
-        return
-    checks.check(source, config, report)
+    """Read ``deepspeed:`` and check it against the rest of the config (``ktrain_deepspeed.checks``)."""
+    validate(config, report)
 
 
 @hookimpl
