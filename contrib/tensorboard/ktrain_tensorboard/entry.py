@@ -1,4 +1,4 @@
-"""Entry module: the ``use_tensorboard`` key, the ``tensorboard`` metric sink and the ``plot`` command.
+"""Entry module: the ``use_tensorboard`` key (``keys``), the ``tensorboard`` metric sink and the ``plot`` command.
 
 Imports nothing heavy: the sink (torch, tensorboard) and the plot (matplotlib) are lazy references,
 imported when a run opens the sink or when ``ktrain plot`` runs.
@@ -8,18 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
-
 from ktrain import hookimpl
-from ktrain.config.keys import key
 from ktrain.registry import lazy
-
-
-@attrs.define(kw_only=True)
-class TensorBoardKeys:
-    """Metrics for TensorBoard."""
-
-    use_tensorboard: bool = key(False, "also write the logged metrics as TensorBoard events, in output_dir/tensorboard")
+from ktrain_tensorboard.keys import TensorBoardKeys
 
 
 @hookimpl
