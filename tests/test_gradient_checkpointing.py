@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 
-from ktrain.builtin.hf_model import enable_gradient_checkpointing
+from ktrain.builtin.checkpointing import Recompute, apply_checkpointing
 from ktrain.config.plan import load_plugins_and_config
 from tests.kit import model_dir
 
@@ -47,7 +47,7 @@ def test_recomputed_and_offloaded_blocks_give_the_same_gradients(tmp_path: Path,
         model.zero_grad(set_to_none=True)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # transformers here takes offload: no fallback, no deprecation
-            enable_gradient_checkpointing(model, _config(tiny_config, setting))
+            apply_checkpointing(model, Recompute.from_config(_config(tiny_config, setting)))
         model.train()
         calls, got = _step(model, ids)
         assert calls == [2, 2, 2], setting  # every block ran again in backward
@@ -72,7 +72,7 @@ def test_offload_holds_less_on_the_gpu(tmp_path: Path, tiny_config) -> None:
     for setting in (True, "offload"):
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(config).cuda().train()
-        enable_gradient_checkpointing(model, _config(tiny_config, setting))
+        apply_checkpointing(model, Recompute.from_config(_config(tiny_config, setting)))
         torch.cuda.reset_peak_memory_stats()
         model(input_ids=ids, labels=ids).loss.backward()
         peaks[setting] = torch.cuda.max_memory_allocated()

@@ -4,12 +4,14 @@ A local folder or a hub id; with ``random_init_weights`` the model is built from
 random weights (tests, benchmarks). Weights load in fp32 (the master copy; bf16 under ``bfloat16``);
 autocast computes in bf16/fp16. ``flash_attention_2`` falls back to PyTorch SDPA, with a warning, where
 flash-attn is not installed.
+
+``build_model`` builds (``empty``: on the meta device, for a loader whose weights come from another rank)
+and ``finish_model`` readies the model; a ``model_loader`` plugin calls them rather than copying them.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import torch
 import transformers
 
 from ktrain import hookimpl
+from ktrain.builtin.checkpointing import Recompute, apply_checkpointing
 from ktrain.config.report import ConfigError
 from ktrain.run.context import weight_dtype
 
@@ -73,32 +76,6 @@ def fit_embeddings(model: Any, vocab: int) -> None:
         model.resize_token_embeddings(vocab, mean_resizing=not on_meta)
 
 
-def enable_gradient_checkpointing(model: Any, config: Any) -> None:
-    """Recompute the model's blocks in backward as ``gradient_checkpointing`` asks (nothing when false).
-
-    ``offload`` also keeps each block's saved input in pinned host memory until backward
-    (transformers' ``activation_checkpointing_enable(offload=True)``); a transformers without that option
-    recomputes without offload, and says so. Without a GPU the activations are in host memory already:
-    ``offload`` is ``true`` there (transformers' offload would ask for pinned memory, which needs one).
-    """
-    if not config.gradient_checkpointing:
-        return
-    kwargs = config.gradient_checkpointing_kwargs or {"use_reentrant": False}
-    offload = config.gradient_checkpointing == "offload" and torch.cuda.is_available()
-    enable = getattr(model, "activation_checkpointing_enable", None)
-    if enable is not None and "offload" in inspect.signature(enable).parameters:
-        enable(activation_checkpointing_kwargs=kwargs, offload=offload)
-        return
-    if offload:
-        warnings.warn(
-            "gradient_checkpointing: offload needs a transformers whose activation_checkpointing_enable takes "
-            f"offload (5.24 does; this is {transformers.__version__}): the blocks are recomputed, their inputs "
-            "stay on the device",
-            stacklevel=1,
-        )
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
 def placement(kwargs: dict[str, Any], run: Any) -> dict[str, Any]:
     """``device_map`` onto the run's GPU for a quantized model: bitsandbytes quantizes each weight where it is
     placed, much faster on a GPU than on the host. None on a CPU, and none under DeepSpeed ZeRO-3, which
@@ -108,6 +85,69 @@ def placement(kwargs: dict[str, Any], run: Any) -> dict[str, Any]:
     if "quantization_config" not in kwargs or run.device.type != "cuda" or is_deepspeed_zero3_enabled():
         return {}
     return {"device_map": {"": run.device}}
+
+
+def load_kwargs(config: Any, model_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments the model is built with: the attention implementation and the weight dtype,
+    then ``model_kwargs`` over them (a QLoRA base asks for its compute dtype)."""
+    return {"attn_implementation": attention_implementation(config), "dtype": weight_dtype(config), **model_kwargs}
+
+
+def build_model(config: Any, run: Any, model_kwargs: dict[str, Any], *, empty: bool = False) -> Any:
+    """Build the model of ``config``: its weights read from ``base_model`` (a folder or a hub id), or random
+    with ``random_init_weights``; in the weight dtype, with the attention implementation this machine
+    allows and ``model_kwargs`` (``ktrain_collect_model_kwargs``: a ``quantization_config`` quantizes it).
+
+    ``empty``: build the same architecture on the meta device, no weights read, nothing quantized (the
+    ``quantization_config`` is left out: a caller that needs a quantized skeleton makes it), for a loader
+    whose weights arrive later, from another rank (FSDP's ``cpu_ram_efficient_loading``). Then
+    ``finish_model``.
+    """
+    auto = getattr(transformers, config.model_type or "AutoModelForCausalLM")
+    kwargs = load_kwargs(config, model_kwargs)
+    dense = {k: v for k, v in kwargs.items() if k != "quantization_config"}
+    if empty or config.random_init_weights:
+        model_config = transformers.AutoConfig.from_pretrained(
+            config.base_model_config or config.base_model, trust_remote_code=config.trust_remote_code
+        )
+        if empty:
+            with torch.device("meta"):
+                return auto.from_config(model_config, trust_remote_code=config.trust_remote_code, **dense)
+        model = auto.from_config(model_config, trust_remote_code=config.trust_remote_code, **dense)
+        if "quantization_config" in kwargs:  # quantized as from_pretrained quantizes weights read from disk
+            model = type(model).from_pretrained(
+                None, config=model.config, state_dict=model.state_dict(), **kwargs, **placement(kwargs, run)
+            )
+        return model
+    local = Path(config.base_model)
+    if local.is_dir() and not any((local / name).exists() for name in WEIGHT_FILES):
+        raise FileNotFoundError(
+            f"base_model: {local} has no weights ({', '.join(WEIGHT_FILES[::2])}); "
+            f"set random_init_weights: true to train from random weights"
+        )
+    try:
+        return auto.from_pretrained(
+            config.base_model, trust_remote_code=config.trust_remote_code, **kwargs, **placement(kwargs, run)
+        )
+    except OSError as e:
+        raise ConfigError.single(
+            "base_model",
+            f"cannot load {config.base_model}: {e}. Give a local model folder, or a hub id "
+            "with the network (or the hub cache) available.",
+        ) from None
+
+
+def finish_model(model: Any, config: Any, run: Any) -> Any:
+    """Ready a built model for training: no KV cache, the embeddings grown to the tokenizer's length where
+    ``special_tokens`` or ``tokens`` are set, the blocks recomputed as ``gradient_checkpointing`` asks
+    (``ktrain.builtin.checkpointing``). Returns ``model``."""
+    model.config.use_cache = False
+    if config.special_tokens or config.tokens:
+        fit_embeddings(model, len(run.tokenizer or HFModel(config).ktrain_load_tokenizer(run=run)))
+    choice = Recompute.from_config(config)
+    if choice is not None:
+        apply_checkpointing(model, choice)
+    return model
 
 
 class HFModel:
@@ -132,41 +172,7 @@ class HFModel:
 
     @hookimpl(trylast=True)
     def ktrain_load_model(self, run: Any, model_kwargs: dict[str, Any]) -> Any:
-        cfg = self.config
-        auto = getattr(transformers, cfg.model_type or "AutoModelForCausalLM")
-        kwargs = {"attn_implementation": attention_implementation(cfg), "dtype": weight_dtype(cfg), **model_kwargs}
-        if cfg.random_init_weights:
-            model_config = transformers.AutoConfig.from_pretrained(
-                cfg.base_model_config or cfg.base_model, trust_remote_code=cfg.trust_remote_code
-            )
-            dense = {k: v for k, v in kwargs.items() if k != "quantization_config"}
-            model = auto.from_config(model_config, trust_remote_code=cfg.trust_remote_code, **dense)
-            if "quantization_config" in kwargs:  # quantized as from_pretrained quantizes weights read from disk
-                model = type(model).from_pretrained(
-                    None, config=model.config, state_dict=model.state_dict(), **kwargs, **placement(kwargs, run)
-                )
-        else:
-            local = Path(cfg.base_model)
-            if local.is_dir() and not any((local / name).exists() for name in WEIGHT_FILES):
-                raise FileNotFoundError(
-                    f"base_model: {local} has no weights ({', '.join(WEIGHT_FILES[::2])}); "
-                    f"set random_init_weights: true to train from random weights"
-                )
-            try:
-                model = auto.from_pretrained(
-                    cfg.base_model, trust_remote_code=cfg.trust_remote_code, **kwargs, **placement(kwargs, run)
-                )
-            except OSError as e:
-                raise ConfigError.single(
-                    "base_model",
-                    f"cannot load {cfg.base_model}: {e}. Give a local model folder, or a hub id "
-                    "with the network (or the hub cache) available.",
-                ) from None
-        model.config.use_cache = False
-        if cfg.special_tokens or cfg.tokens:
-            fit_embeddings(model, len(run.tokenizer or self.ktrain_load_tokenizer(run=run)))
-        enable_gradient_checkpointing(model, cfg)
-        return model
+        return finish_model(build_model(self.config, run, model_kwargs), self.config, run)
 
     @hookimpl(trylast=True)
     def ktrain_export_model(self, engine: Any, run: Any, path: Path) -> bool:

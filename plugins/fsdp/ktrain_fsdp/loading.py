@@ -21,44 +21,25 @@ class RamEfficientLoader:
         self.config = config
         self.version = version
 
-    @property
-    def kernel_loader(self) -> Any:
-        from ktrain.builtin.hf_model import HFModel  # imports torch: only inside a run
-
-        return HFModel(self.config)
-
     @hookimpl
     def ktrain_load_tokenizer(self, run: Any) -> Any:
         """The kernel's tokenizer loader, unchanged."""
-        return self.kernel_loader.ktrain_load_tokenizer(run=run)
+        from ktrain.builtin.hf_model import HFModel  # imports torch: only inside a run
+
+        return HFModel(self.config).ktrain_load_tokenizer(run=run)
 
     @hookimpl
     def ktrain_load_model(self, run: Any, model_kwargs: dict[str, Any]) -> Any:
-        """Rank 0 loads the weights; every other rank builds the same model on the meta device."""
+        """Rank 0 loads the weights; every other rank builds the same model on the meta device (the kernel's
+        ``build_model(empty=True)``), its 4-bit layers as ``quantized_skeleton`` packs them."""
+        from ktrain.builtin.hf_model import build_model, finish_model, load_kwargs  # imports torch: inside a run
+
         quantization = model_kwargs.get("quantization_config")
         four_bit = self.version == 2 and getattr(quantization, "load_in_4bit", False)
-        if run.rank == 0 or (quantization is not None and not four_bit):
-            return self.kernel_loader.ktrain_load_model(run=run, model_kwargs=model_kwargs)
-        import torch
-        import transformers
+        reads = run.rank == 0 or (quantization is not None and not four_bit)
+        model = build_model(self.config, run, model_kwargs, empty=not reads)
+        if not reads and quantization is not None:
+            from ktrain_fsdp.quantized import quantized_skeleton
 
-        from ktrain.builtin.hf_model import attention_implementation, enable_gradient_checkpointing, fit_embeddings
-        from ktrain.run.context import weight_dtype
-        from ktrain_fsdp.quantized import quantized_skeleton
-
-        cfg = self.config
-        auto = getattr(transformers, cfg.model_type or "AutoModelForCausalLM")
-        model_config = transformers.AutoConfig.from_pretrained(
-            cfg.base_model_config or cfg.base_model, trust_remote_code=cfg.trust_remote_code
-        )
-        kwargs = {"attn_implementation": attention_implementation(cfg), "dtype": weight_dtype(cfg), **model_kwargs}
-        kwargs.pop("quantization_config", None)
-        with torch.device("meta"):
-            model = auto.from_config(model_config, trust_remote_code=cfg.trust_remote_code, **kwargs)
-        if quantization is not None:
-            model = quantized_skeleton(model, quantization, kwargs["dtype"])
-        model.config.use_cache = False
-        if cfg.special_tokens or cfg.tokens:
-            fit_embeddings(model, len(run.tokenizer or self.ktrain_load_tokenizer(run=run)))
-        enable_gradient_checkpointing(model, cfg)
-        return model
+            model = quantized_skeleton(model, quantization, load_kwargs(self.config, model_kwargs)["dtype"])
+        return finish_model(model, self.config, run)

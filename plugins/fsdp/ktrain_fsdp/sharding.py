@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from ktrain.builtin.checkpointing import Recompute, apply_checkpointing
 from ktrain.config.report import ConfigError
 from ktrain.engine import param_groups
 from ktrain.run.distributed import submesh
@@ -59,47 +60,14 @@ def layer_classes(model: torch.nn.Module, options: FsdpOptions) -> tuple[type, .
     return tuple(present[name] for name in names)
 
 
-def recomputed_blocks(count: int, fraction: float) -> list[int]:
-    """Indices of the ``round(count x fraction)`` blocks (at least one) to recompute, spread evenly."""
-    chosen = max(1, round(count * fraction))
-    return [i for i in range(count) if (i + 1) * chosen // count > i * chosen // count]
-
-
-def apply_activation_checkpointing(
-    model: torch.nn.Module, classes: tuple[type, ...], fraction: float = 1.0, scope: str = "block"
-) -> int:
-    """Recompute transformer blocks in backward (non-reentrant checkpoint wrappers): every one, or the share
-    ``fraction`` of them, spread evenly (selective activation checkpointing by layer, as torchtitan's
-    ``selective_ac_option``). ``scope`` ``"mlp"`` recomputes only each chosen block's ``mlp``, which holds
-    most of a block's saved activations, and not its attention (Megatron's ``recompute_modules: [mlp]``).
-    Returns the number of blocks chosen."""
-    from functools import partial
-
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl,
-        checkpoint_wrapper,
+def recompute(options: FsdpOptions) -> Recompute:
+    """``activation_checkpointing``'s choices for the kernel's ``apply_checkpointing``: the share of the blocks
+    and the scope (block or MLP) that ``fsdp_config`` writes."""
+    return Recompute(
+        fraction=options.activation_checkpointing_fraction,
+        scope=options.activation_checkpointing_scope,
+        key="fsdp_config.activation_checkpointing_scope",
     )
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        apply_activation_checkpointing as wrap,
-    )
-
-    blocks = [m for m in model.modules() if isinstance(m, classes)]
-    chosen = [blocks[i] for i in recomputed_blocks(len(blocks), fraction)] if blocks else []
-    if scope == "mlp":
-        missing = sorted({type(b).__name__ for b in chosen if not isinstance(getattr(b, "mlp", None), torch.nn.Module)})
-        if missing:
-            raise ConfigError.single(
-                "fsdp_config.activation_checkpointing_scope",
-                f"mlp: {', '.join(missing)} has no `mlp` module; use block",
-            )
-        chosen = [b.mlp for b in chosen]
-    ids = {id(m) for m in chosen}
-    wrap(
-        model,
-        checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-        check_fn=lambda module: id(module) in ids,
-    )
-    return len(chosen)
 
 
 def shard(model: Any, run: Any, options: FsdpOptions, build_optimizer: Any, build_lr_scheduler: Any) -> FsdpEngine:
@@ -110,9 +78,7 @@ def shard(model: Any, run: Any, options: FsdpOptions, build_optimizer: Any, buil
         from ktrain_fsdp.fsdp2 import apply_fsdp2
 
         if options.activation_checkpointing:
-            apply_activation_checkpointing(
-                model, classes, options.activation_checkpointing_fraction, options.activation_checkpointing_scope
-            )
+            apply_checkpointing(model, recompute(options), classes)
         apply_fsdp2(model, run, options, mesh, classes)
         module = model
     else:
@@ -120,7 +86,7 @@ def shard(model: Any, run: Any, options: FsdpOptions, build_optimizer: Any, buil
 
         module = apply_fsdp1(model, run, options, mesh, classes)
         if options.activation_checkpointing:
-            apply_activation_checkpointing(module, classes)
+            apply_checkpointing(module, Recompute(key="fsdp_config.activation_checkpointing"), classes)
     optimizer = build_optimizer(param_groups(module, run.config.weight_decay))
     return FsdpEngine(
         module,

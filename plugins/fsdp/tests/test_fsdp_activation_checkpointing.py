@@ -12,9 +12,21 @@ import pytest
 import torch
 import transformers
 
+from ktrain.builtin.checkpointing import apply_checkpointing, recomputed_blocks
 from ktrain.config.report import ConfigError
-from ktrain_fsdp.sharding import apply_activation_checkpointing, recomputed_blocks
+from ktrain_fsdp.options import FsdpOptions
+from ktrain_fsdp.sharding import recompute
 from tests.kit import model_dir
+
+
+def _options(fraction: float = 1.0, scope: str = "block") -> FsdpOptions:
+    return FsdpOptions(
+        2,
+        activation_checkpointing=True,
+        activation_checkpointing_fraction=fraction,
+        activation_checkpointing_scope=scope,
+    )
+
 
 SPREADS = [
     (4, 1.0, [0, 1, 2, 3]),
@@ -35,7 +47,7 @@ def test_half_the_blocks_recompute_and_the_gradients_do_not_change(tmp_path: Pat
     plain = transformers.AutoModelForCausalLM.from_config(config)
     selective = copy.deepcopy(plain)
     block = type(plain.model.layers[0])
-    assert apply_activation_checkpointing(selective, (block,), 0.5) == 2
+    assert apply_checkpointing(selective, recompute(_options(0.5)), (block,)) == 2
     calls = [0] * 4
     for i, layer in enumerate(selective.model.layers):  # the block inside its checkpoint wrapper, if any
         inner = getattr(layer, "_checkpoint_wrapped_module", layer)
@@ -64,7 +76,7 @@ def test_the_mlp_scope_recomputes_only_the_chosen_blocks_mlps(tmp_path: Path) ->
     torch.manual_seed(0)
     plain = transformers.AutoModelForCausalLM.from_config(config)
     selective = copy.deepcopy(plain)
-    assert apply_activation_checkpointing(selective, (type(plain.model.layers[0]),), 0.75, "mlp") == 3
+    assert apply_checkpointing(selective, recompute(_options(0.75, "mlp")), (type(plain.model.layers[0]),)) == 3
     mlp, attention = _counted(selective, "mlp"), _counted(selective, "self_attn")
     ids = torch.randint(0, config.vocab_size, (2, 24))
     for model in (plain, selective):
@@ -82,4 +94,4 @@ def test_the_mlp_scope_names_the_key_for_a_block_without_an_mlp() -> None:
             self.ffn = torch.nn.Linear(2, 2)
 
     with pytest.raises(ConfigError, match=r"activation_checkpointing_scope.*Block has no `mlp`"):
-        apply_activation_checkpointing(torch.nn.Sequential(Block(), Block()), (Block,), 1.0, "mlp")
+        apply_checkpointing(torch.nn.Sequential(Block(), Block()), recompute(_options(1.0, "mlp")), (Block,))
