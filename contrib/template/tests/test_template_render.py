@@ -28,6 +28,7 @@ def test_the_rendered_plugin_installs_and_passes_its_tests(tmp_path: Path, ktrai
         "README.md",
         "ktrain_step_log/__init__.py",
         "ktrain_step_log/entry.py",
+        "ktrain_step_log/keys.py",
         "ktrain_step_log/runtime.py",
         "pyproject.toml",
         "tests/test_step_log_plugin.py",
