@@ -194,3 +194,93 @@ def test_the_kernel_top_level_holds_the_expected_modules() -> None:
         f"kernel/ktrain/ differs from KERNEL_TOP_LEVEL: new {sorted(found - KERNEL_TOP_LEVEL)}, "
         f"gone {sorted(KERNEL_TOP_LEVEL - found)}; a module belongs in one of the kernel's packages or in a plugin"
     )
+
+
+HEAVY = ("torch", "transformers", "deepspeed", "peft", "bitsandbytes", "triton", "liger_kernel")
+"""Libraries that entry.py and keys.py never import at module level: every ktrain command imports them."""
+RUN_MODULES = ("runtime", "sink", "tracker")
+"""The module that holds a plugin's run-time part: ``runtime`` (the object ``ktrain_activate`` registers), or a
+metric sink's ``sink`` or an experiment tracker's ``tracker``, which entry.py reaches only lazily."""
+
+
+def plugin_packages() -> dict[str, Path]:
+    """Package name -> folder, for every distribution under plugins/ and contrib/ except the template (its
+    skeleton's layout is checked by rendering it, in contrib/template/tests)."""
+    found = {}
+    for root in source_roots():
+        if root == REPO / "kernel" or root == REPO / "contrib" / "template":
+            continue
+        (package,) = [path for path in root.glob("ktrain_*") if (path / "__init__.py").is_file()]
+        found[package.name] = package
+    return found
+
+
+def _module_level_imports(path: Path, module: str) -> list[str]:
+    """The dotted names ``path`` imports when it is imported: statements outside functions and outside
+    ``if TYPE_CHECKING:`` blocks."""
+    names: list[str] = []
+    pending: list[ast.AST] = [ast.parse(path.read_text(encoding="utf-8"), filename=str(path))]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            pending.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names += _imported(node, module, path.name == "__init__.py")
+        pending.extend(ast.iter_child_nodes(node))
+    return names
+
+
+def heavy_imports(package: str, start: str) -> list[str]:
+    """``start -> ... -> library`` for every heavy library that importing module ``start`` loads, following the
+    module-level imports within ``package`` (its ``__init__`` included)."""
+    known = modules()
+    chains: list[str] = []
+    came_from: dict[str, str | None] = {start: None, package: start} if start != package else {start: None}
+    queue = deque(came_from)
+    while queue:
+        module = queue.popleft()
+        for name in _module_level_imports(known[module], module):
+            top = name.split(".")[0]
+            if top in HEAVY:
+                chain, step = [top], module
+                while step is not None:
+                    chain.append(step)
+                    step = came_from[step]
+                chains.append(" -> ".join(reversed(chain)))
+                continue
+            target = _known(name, known)
+            if target is not None and target.split(".")[0] == package and target not in came_from:
+                came_from[target] = module
+                queue.append(target)
+    return chains
+
+
+def test_every_plugin_has_keys_entry_and_a_run_module_and_imports_nothing_heavy_to_configure() -> None:
+    """docs/writing-plugins.md, "Entry module and runtime object": keys.py, entry.py, and runtime.py (or a sink
+    or tracker module that entry.py reaches lazily); entry.py and keys.py load no torch nor other heavy library."""
+    packages = plugin_packages()
+    assert {"ktrain_lora", "ktrain_deepspeed", "ktrain_tensorboard", "ktrain_wandb"} <= packages.keys()
+    problems = []
+    for package, folder in sorted(packages.items()):
+        missing = [f"{name}.py" for name in ("keys", "entry") if not (folder / f"{name}.py").is_file()]
+        run = [name for name in RUN_MODULES if (folder / f"{name}.py").is_file()]
+        if not run:
+            missing.append(" or ".join(f"{name}.py" for name in RUN_MODULES))
+        if missing:
+            problems.append(f"{folder.relative_to(REPO)} has no {', '.join(missing)}")
+            continue
+        entry = folder / "entry.py"
+        eager = {_known(n, modules()) for n in _module_level_imports(entry, f"{package}.entry")}
+        for name in run:
+            if f"{package}.{name}" in eager:
+                problems.append(f"{package}.entry imports {package}.{name} at module level; import it in the hook")
+            elif f"{package}.{name}" not in entry.read_text(encoding="utf-8"):
+                problems.append(f"{package}.entry never reaches {package}.{name} (an import in a hook or a lazy())")
+        for start in ("entry", "keys"):
+            problems += [f"{chain} at module level" for chain in heavy_imports(package, f"{package}.{start}")]
+    assert not problems, "plugin layout (docs/writing-plugins.md, Entry module and runtime object):\n" + "\n".join(
+        problems
+    )
