@@ -12,7 +12,8 @@ import pytest
 import torch
 import transformers
 
-from ktrain.builtin.checkpointing import apply_checkpointing, recomputed_blocks
+import ktrain_fsdp.sharding
+from ktrain.builtin.checkpointing import Recompute, apply_checkpointing, recomputed_blocks
 from ktrain.config.report import ConfigError
 from ktrain_fsdp.options import FsdpOptions
 from ktrain_fsdp.sharding import recompute
@@ -95,3 +96,32 @@ def test_the_mlp_scope_names_the_key_for_a_block_without_an_mlp() -> None:
 
     with pytest.raises(ConfigError, match=r"activation_checkpointing_scope.*Block has no `mlp`"):
         apply_checkpointing(torch.nn.Sequential(Block(), Block()), recompute(_options(1.0, "mlp")), (Block,))
+
+
+def test_the_plugin_recomputes_through_the_kernel_alone() -> None:
+    """The plugin has no checkpointing of its own: neither checkpoint wrappers nor transformers' switch
+    appear in its modules; ``ktrain_fsdp.sharding`` calls the kernel's ``apply_checkpointing``."""
+    package = Path(ktrain_fsdp.sharding.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        for name in ("checkpoint_wrapper", "torch.utils.checkpoint", "checkpointing_enable", "def recomputed_blocks"):
+            assert name not in text, f"{path.name} recomputes by itself ({name}); call ktrain.builtin.checkpointing"
+    assert "apply_checkpointing(" in (package / "sharding.py").read_text(encoding="utf-8")
+
+
+def test_full_recomputation_under_fsdp_and_by_default_recomputes_the_same_blocks(tmp_path: Path) -> None:
+    """``fsdp_config.activation_checkpointing: true`` and ``gradient_checkpointing: true`` recompute the same
+    blocks: every one, once more in backward, with the same gradients."""
+    config = transformers.AutoConfig.from_pretrained(model_dir(tmp_path, num_hidden_layers=3))
+    torch.manual_seed(0)
+    default = transformers.AutoModelForCausalLM.from_config(config).train()
+    fsdp = copy.deepcopy(default)
+    assert apply_checkpointing(default, Recompute()) == 3
+    assert apply_checkpointing(fsdp, recompute(_options()), (type(default.model.layers[0]),)) == 3
+    counts = [_counted(model, "mlp") for model in (default, fsdp)]
+    ids = torch.randint(0, config.vocab_size, (2, 24))
+    for model in (default, fsdp):
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert counts[0] == counts[1] == [2, 2, 2]
+    for (name, a), (_, b) in zip(default.named_parameters(), fsdp.named_parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad), name
