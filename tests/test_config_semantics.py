@@ -1,15 +1,14 @@
 """What the config phase means by null, by a path, by a problem, and what it tells the user to do.
 
-Null is "not set" everywhere; a dataset is a local file or folder, a model a local folder with weights or a
-Hub id; ``check`` refuses what ``run`` would refuse; every stage's problems are reported together; a
-validator's message names its key; install hints are commands that work here; ``ktrain keys`` starts with
-the kernel's keys.
+Null is "not set" everywhere; a dataset is a local file or folder or a Hub id (tests/test_data_hub.py), a
+model a local folder with weights or a Hub id; ``check`` refuses what ``run`` would refuse; every stage's
+problems are reported together; a validator's message names its key; install hints are commands that work
+here; ``ktrain keys`` starts with the kernel's keys.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import types
@@ -119,25 +118,6 @@ def test_a_local_dataset_that_is_not_here_is_a_check_error(
     code, _, err = check(capsys, config, "--set", "datasets.0.path=data/nope.jsonl")
     assert code == EXIT_BAD_INPUT
     assert "  - datasets[0].path: data/nope.jsonl does not exist" in err
-
-
-def test_a_hub_dataset_is_a_warning_of_check_and_refused_by_run(tmp_path, tiny_model_dir, tiny_chat_jsonl, capsys):
-    config = write(tmp_path, BASE, tiny_model_dir, tiny_chat_jsonl)
-    code, out, err = check(capsys, config, "--set", "datasets.0.path=tatsu-lab/alpaca")
-    assert code == EXIT_OK, err
-    assert "warning: datasets[0].path: tatsu-lab/alpaca is a Hugging Face Hub id" in out
-    assert "`hf download tatsu-lab/alpaca --repo-type dataset --local-dir data/alpaca`" in out
-    done = subprocess.run(
-        [sys.executable, "-m", "ktrain.cli", "run", str(config), "--set", "datasets.0.path=tatsu-lab/alpaca"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert done.returncode == EXIT_BAD_INPUT, done.stderr
-    assert "  - datasets[0].path: tatsu-lab/alpaca is a Hugging Face Hub id" in done.stderr
-    assert "Traceback" not in done.stderr
-    assert not (tmp_path / "out").exists()  # refused before the run directory and any rank
 
 
 def test_a_model_folder_without_weights_is_a_check_error(tmp_path, tiny_model_dir, tiny_chat_jsonl, capsys) -> None:

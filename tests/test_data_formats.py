@@ -201,7 +201,9 @@ def test_bad_input_names_the_file_line_field_and_sample(tmp_path: Path, model: P
     assert "sample 2" in stats.problems[1] and "'instruction'" in stats.problems[1]
 
 
-def test_bad_keys_and_hub_ids_are_errors_naming_the_key(tmp_path: Path, model: Path, tok: Any) -> None:
+def test_bad_keys_and_hub_ids_are_errors_naming_the_key(
+    tmp_path: Path, model: Path, tok: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ktrain.config.report import ConfigError
 
     (tmp_path / "data.jsonl").write_text('{"text": "a"}\n')
@@ -241,5 +243,6 @@ def test_bad_keys_and_hub_ids_are_errors_naming_the_key(tmp_path: Path, model: P
         del config[key]
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     plan = prepare(tmp_path / "c.yaml", world_size=1)
-    with pytest.raises(DataError, match=r"datasets\[0\]\.path: tatsu-lab/alpaca does not exist .*local path"):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataError, match=r"datasets\[0\]\.path: tatsu-lab/alpaca .*\(HF_HUB_OFFLINE=1 is set\)"):
         cache.build(plan.config, tok, plan.formats)

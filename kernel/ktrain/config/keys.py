@@ -22,12 +22,13 @@ def key(default: Any, help: str, **kw: Any) -> Any:
 class DatasetEntry:
     """One item of ``datasets:``."""
 
-    path: str = key("", "local jsonl/json/parquet/csv file or folder (or a hub id where the network allows)")
+    path: str = key("", "local jsonl/json/parquet/csv/arrow file or folder, or a Hugging Face Hub dataset id")
+    name: str | None = key(None, "Hub dataset: its configuration (subset) to load")
     type: str | None = key(
         None, "row format: alpaca, chat_template, sharegpt, completion, input_output; none: pre-tokenized rows"
     )
     split: str = key("train", "split to read")
-    data_files: str | list[str] | None = key(None, "files inside `path` to read")
+    data_files: str | list[str] | None = key(None, "files inside `path` (or the Hub dataset) to read")
     ds_type: Literal["json", "parquet", "csv", "arrow"] | None = key(None, "file type when not given by suffix")
     field: str | None = key(None, "field holding the text (completion, pretraining) or the segments (input_output)")
     field_instruction: str | None = key(None, "alpaca: field holding the instruction (default `instruction`)")

@@ -1,9 +1,10 @@
 """Which names are local paths and which are Hugging Face Hub ids, and the checks of the path keys.
 
 A model (``base_model``, ``base_model_config``, ``tokenizer_config``) is a local folder or a Hub id,
-downloaded by the run; a dataset is always local (ktrain reads no data over the network): a Hub id there
-is refused by ``ktrain run`` and a warning of ``ktrain check``. Nothing here contacts the network: a
-name is a Hub id by its form alone.
+downloaded by the run; so is a dataset, loaded by `datasets` when the run prepares its data. ``ktrain
+check`` contacts no network: a name is a Hub id by its form alone. ``ktrain run`` refuses, before any
+rank starts, a Hub dataset it cannot load: `datasets` not installed, or the Hub out of reach and the
+dataset not in the local Hugging Face cache (see ``ktrain.data.hub``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ktrain.config.report import Report
+from ktrain.data import hub
 
 # Suffixes of files a path key may name: a name ending in one is a local path, never a Hub id.
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".arrow", ".txt", ".gz", ".safetensors", ".bin")
@@ -52,8 +54,7 @@ def _weightless(folder: str) -> bool:
 
 def check_paths(config: Any, report: Report, launching: bool) -> None:
     """Every path key: local ones must exist (a model folder with its weights), ``output_dir`` must be
-    writable, and datasets must be local: a Hub id is an error when ``launching`` (``ktrain run``), else
-    a warning (``ktrain check``)."""
+    writable; when ``launching`` (``ktrain run``), a Hub dataset must be loadable (``hub.launch_problem``)."""
     for key in MODEL_KEYS:
         value = getattr(config, key)
         if value and looks_local(value) and not exists(value):
@@ -78,15 +79,10 @@ def check_paths(config: Any, report: Report, launching: bool) -> None:
             if looks_local(entry.path):
                 report.error(f"{key}[{i}].path", f"{entry.path} does not exist")
                 continue
-            fetch = f"hf download {entry.path} --repo-type dataset --local-dir data/{entry.path.split('/')[-1]}"
-            message = (
-                f"{entry.path} is a Hugging Face Hub id, and ktrain reads datasets from local files only: "
-                f"`{fetch}` and give that folder"
-            )
-            if launching:
-                report.error(f"{key}[{i}].path", message)
-            else:  # check may run where the data is not; the run refuses it
-                report.warn(f"{key}[{i}].path", f"{message} (`ktrain run` refuses it)")
+            if launching:  # check may run where the Hub or the cache is not; it shows the id (``hub_datasets``)
+                problem = hub.launch_problem(entry.path, entry.name, entry.split, entry.data_files)
+                if problem:
+                    report.error(f"{key}[{i}].path", problem)
     if config.exact_match_eval and not os.path.isfile(config.exact_match_eval):
         report.error("exact_match_eval", f"{config.exact_match_eval} is not a file")
     out = Path(config.output_dir).expanduser().absolute()
@@ -101,4 +97,16 @@ def hub_models(config: Any) -> list[str]:
         f"{key}: {getattr(config, key)}"
         for key in MODEL_KEYS
         if getattr(config, key) and not looks_local(getattr(config, key))
+    ]
+
+
+def hub_datasets(config: Any) -> list[str]:
+    """``key[i].path: id`` of the dataset entries that name a Hub id, for ``ktrain check`` to show (with the
+    install command when `datasets` is not installed)."""
+    missing = "" if hub.installed() else f"; needs `{hub.INSTALL}`"
+    return [
+        f"{key}[{i}].path: {entry.path} (from the Hub at preprocess{missing})"
+        for key in DATA_KEYS
+        for i, entry in enumerate(getattr(config, key))
+        if entry.path and not looks_local(entry.path)
     ]

@@ -1,7 +1,8 @@
-"""Reading rows from local files: jsonl, json, csv, parquet and Arrow (the last two through pyarrow).
+"""Reading rows of a dataset entry: local files (jsonl, json, csv, parquet and Arrow, the last two through
+pyarrow), or a Hugging Face Hub dataset loaded with `datasets` (see ``ktrain.data.hub``).
 
-Rows are produced lazily, one at a time, each with the place it came from (file and line, or file and
-row), so that an error names it and a streamed dataset never sits whole in memory.
+Rows are produced lazily, one at a time, each with the place it came from (file and line, file and row,
+or Hub id and row), so that an error names it and a streamed dataset never sits whole in memory.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
+from ktrain.config.paths import looks_local
+from ktrain.data import hub
 
 SUFFIXES = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
 
@@ -29,17 +33,27 @@ class Row:
     place: str
 
 
+def from_hub(entry: Any) -> bool:
+    """Whether ``entry.path`` is a Hugging Face Hub id (see ``looks_local``) rather than a local path."""
+    return not looks_local(entry.path)
+
+
+def _hub_split(entry: Any, where: str) -> Any:
+    """The entry's split of its Hub dataset, a `datasets.Dataset`; an error names ``where.path``."""
+    try:
+        return hub.load(entry.path, entry.name, entry.split, entry.data_files)
+    except hub.HubError as e:
+        raise DataError(f"{where}.path: {e}") from None
+
+
 def data_files(entry: Any, where: str) -> list[Path]:
-    """The files of one dataset entry, in a fixed order; an error names ``where.path`` when there are none."""
+    """The files of one dataset entry, in a fixed order (for a Hub dataset, the Arrow files `datasets` keeps
+    its split in); an error names ``where.path`` when there are none."""
+    if from_hub(entry):
+        return [Path(f["filename"]) for f in _hub_split(entry, where).cache_files]
     root = Path(entry.path).expanduser()
     if not root.exists():
-        hint = (
-            "a Hugging Face dataset id needs the network, which ktrain does not use for data: "
-            "download the files and give their local path"
-            if not entry.path.startswith((".", "/", "~"))
-            else "give an existing file or folder"
-        )
-        raise DataError(f"{where}.path: {entry.path} does not exist ({hint})")
+        raise DataError(f"{where}.path: {entry.path} does not exist (give an existing file or folder)")
     if entry.data_files:
         names = [entry.data_files] if isinstance(entry.data_files, str) else entry.data_files
         files = [root / n if root.is_dir() else Path(n).expanduser() for n in names]
@@ -106,16 +120,29 @@ def _arrow_rows(path: Path, kind: str, where: str) -> Iterator[Row]:
             number += 1
 
 
-def iter_rows(entry: Any, where: str) -> Iterator[Row]:
-    """Every row of one dataset entry, in file order, read lazily; rows that are not objects are an error."""
+def _hub_rows(entry: Any, where: str) -> Iterator[Row]:
+    for number, fields in enumerate(_hub_split(entry, where)):
+        yield Row(fields, f"{entry.path} ({entry.split}) row {number}")
+
+
+def _sources(entry: Any, where: str) -> Iterator[Iterator[Row]]:
+    """The rows of each file of the entry, or of its Hub dataset."""
+    if from_hub(entry):
+        yield _hub_rows(entry, where)
+        return
     for path in data_files(entry, where):
         kind = entry.ds_type or SUFFIXES.get(path.suffix, "json")
         if kind == "json":
-            rows = _json_rows(path, where)
+            yield _json_rows(path, where)
         elif kind == "csv":
-            rows = _csv_rows(path)
+            yield _csv_rows(path)
         else:
-            rows = _arrow_rows(path, kind, where)
+            yield _arrow_rows(path, kind, where)
+
+
+def iter_rows(entry: Any, where: str) -> Iterator[Row]:
+    """Every row of one dataset entry, in file order, read lazily; rows that are not objects are an error."""
+    for rows in _sources(entry, where):
         for row in rows:
             if not isinstance(row.fields, dict):
                 raise DataError(f"{where}: {row.place} is a {type(row.fields).__name__}, not an object with fields")
