@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from ktrain.config.axolotl import sift
 from ktrain.config.converter import make_converter, report_errors, written
 from ktrain.config.install import install_command
 from ktrain.config.keys import PLUGIN_KEYS
@@ -71,6 +72,7 @@ def read_config(
 ) -> tuple[Config, Report, set[str]]:
     """Like ``load_config``, but the key problems are returned, not raised, so that later checks still run.
 
+    Axolotl's keys that no section owns get a note or a refusal (``ktrain.config.axolotl``).
     Returns the config, the report of its problems, and the top-level keys whose value was refused (a
     wrong type or value): they hold their default, and later stages' problems about them are noise. An
     unknown key, or one of a plugin that is not installed, is left out. A key written as null (an
@@ -93,6 +95,7 @@ def read_config(
     parts: dict[type, dict[str, Any]] = {s.cls: {} for s in sections}
     missing: dict[str, list[str]] = {}
     unset = {name for name, value in data.items() if isinstance(name, str) and value is None}
+    data = sift(data, {name: s.cls for name, s in owner_of.items()}, report, installed or set())
     for name, value in written(data).items():
         if not isinstance(name, str):
             report.error(str(name), "keys must be strings")

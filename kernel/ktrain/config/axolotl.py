@@ -1,0 +1,144 @@
+"""Axolotl's keys in a ktrain config: a note for each key with nothing to do here, a refusal naming what
+ktrain offers for each key it does not support, and the ``plugins:`` list.
+
+The catalogue is data (``ktrain.config.axolotl_keys``); a key a registered section declares is *owned*
+and never reaches this module. Keys outside the catalogue are left for the "unknown key" error.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+import attrs
+
+from ktrain.config.axolotl_keys import ACCEPTED, INTEGRATIONS, UNSUPPORTED
+from ktrain.config.install import install_command
+from ktrain.config.keys import PLUGIN_KEYS
+from ktrain.config.report import Report
+
+# Top-level keys whose items or keys are catalogued under a prefix: ``datasets[].name``, ``fsdp_config.name``.
+NESTED = {"datasets": "datasets[]", "test_datasets": "datasets[]", "pretraining_dataset": "datasets[]"}
+NESTED_MAPPINGS = ("fsdp_config",)
+INTEGRATION_PREFIX = "axolotl.integrations."
+
+_CLASS = {name: ("accepted", reason) for reason, names in ACCEPTED.items() for name in names}
+_CLASS |= {name: ("unsupported", reason) for reason, names in UNSUPPORTED.items() for name in names}
+
+
+def classify(name: str) -> tuple[str, str] | None:
+    """``("accepted" | "unsupported", reason)`` of a catalogued key that no section owns (nested keys as
+    ``datasets[].name``), or None for a key outside the catalogue."""
+    return _CLASS.get(name)
+
+
+def sift(data: dict[Any, Any], sections: dict[str, type], report: Report, installed: set[str]) -> dict[Any, Any]:
+    """``data`` without the catalogued keys that no section owns, each noted (accepted) or refused
+    (unsupported) in ``report``; ``plugins:`` is checked and left out.
+
+    ``sections`` maps every owned top-level key to the attrs class that declares it; the keys inside
+    ``datasets`` items and ``fsdp_config`` are owned when the class of that key declares them.
+    """
+    kept: dict[Any, Any] = {}
+    first_party = {key for keys in PLUGIN_KEYS.values() for key in keys}
+    for name, value in data.items():
+        if not isinstance(name, str) or value is None:
+            kept[name] = value
+        elif name in sections:
+            kept[name] = _sift_inside(name, value, sections[name], report)
+        elif name == "plugins":
+            check_plugins(value, report, installed)
+        elif name in first_party or (verdict := classify(name)) is None:
+            kept[name] = value  # a first-party plugin's key (named with its install command) or unknown
+        else:
+            _judge(name, value, verdict, report)
+    return kept
+
+
+def _sift_inside(name: str, value: Any, section: type, report: Report) -> Any:
+    """The value of an owned key with the catalogued keys its class does not declare taken out."""
+    try:
+        hint = typing.get_type_hints(section).get(name)
+    except Exception:  # a plugin's annotation that does not resolve: its keys are left to the converter
+        return value
+    inner = _attrs_class(hint)
+    if inner is None:
+        return value
+    owned = {f.name for f in attrs.fields(inner)}
+    if name in NESTED and isinstance(value, list):
+        return [
+            _sift_mapping(item, f"{name}[{i}]", NESTED[name], owned, report) if isinstance(item, dict) else item
+            for i, item in enumerate(value)
+        ]
+    if name in NESTED_MAPPINGS and isinstance(value, dict):
+        return _sift_mapping(value, name, name, owned, report)
+    return value
+
+
+def _sift_mapping(item: dict[Any, Any], path: str, prefix: str, owned: set[str], report: Report) -> dict[Any, Any]:
+    kept: dict[Any, Any] = {}
+    for key, value in item.items():
+        verdict = classify(f"{prefix}.{key}") if isinstance(key, str) and key not in owned else None
+        if verdict is None or value is None:
+            kept[key] = value
+        else:
+            _judge(f"{path}.{key}", value, verdict, report)
+    return kept
+
+
+def _attrs_class(hint: Any) -> type | None:
+    """The attrs class a field holds: itself, in a list, or in a union with None."""
+    if attrs.has(hint):
+        return hint
+    for arg in typing.get_args(hint):
+        found = _attrs_class(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _is_off(value: Any) -> bool:
+    """False, or an empty string, list or mapping (a mapping of nulls included): the feature switched off."""
+    if isinstance(value, dict):
+        return all(v is None for v in value.values())
+    return value is False or (isinstance(value, (str, list)) and not value)
+
+
+def _judge(path: str, value: Any, verdict: tuple[str, str], report: Report) -> None:
+    kind, reason = verdict
+    if kind == "accepted":
+        report.warn(path, f"accepted, no effect in ktrain: {reason}")
+    elif _is_off(value):
+        report.warn(path, f"accepted as off: not supported by ktrain ({reason})")
+    else:
+        report.error(path, f"not supported: {reason}")
+
+
+def check_plugins(value: Any, report: Report, installed: set[str]) -> None:
+    """``plugins:``: Axolotl integration paths and ktrain distribution names. An integration whose job a
+    ktrain plugin does is named with that plugin (refused with the install command when it is not
+    installed); one with no ktrain equivalent is refused by name; so is a ktrain plugin not installed."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        report.error("plugins", "expected a list of Axolotl integration paths or ktrain plugin distribution names")
+        return
+    for i, entry in enumerate(value):
+        path = f"plugins[{i}]"
+        if entry.startswith(INTEGRATION_PREFIX):
+            module = entry.removeprefix(INTEGRATION_PREFIX).split(".")[0]
+            dist, what = INTEGRATIONS.get(module, (None, f"the Axolotl integration '{module}'"))
+            if dist is None:
+                report.error(path, f"{entry}: {what} has no ktrain equivalent; leave it out")
+            elif dist in installed:
+                report.warn(path, f"{entry}: {dist} does this job in ktrain (installed); its keys switch it on")
+            else:
+                report.error(path, f"{entry}: {dist} does this job in ktrain, not installed: `{install_command(dist)}`")
+        elif entry in installed:
+            report.warn(path, f"{entry}: installed; ktrain finds installed plugins itself, their keys switch them on")
+        elif entry in PLUGIN_KEYS:
+            report.error(path, f"{entry}: not installed: `{install_command(entry)}`")
+        else:
+            report.error(
+                path,
+                f"{entry}: neither an Axolotl integration ({INTEGRATION_PREFIX}...) nor a ktrain plugin; "
+                "`ktrain plugins` lists those installed",
+            )

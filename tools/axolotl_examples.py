@@ -1,0 +1,104 @@
+"""How many of Axolotl's example configs pass ``ktrain check``, and why the others do not.
+
+    python tools/axolotl_examples.py PATH/TO/axolotl/examples [--base-model DIR]
+
+Every ``*.yaml``/``*.yml`` under the folder whose top level is a mapping with ``base_model`` is checked as
+``ktrain check FILE --set base_model=DIR`` would check it (in this process, from the folder above
+``examples``, where Axolotl's configs expect to run, so that ``deepspeed: deepspeed_configs/...`` resolves).
+Without ``--base-model`` the model is a tiny local Llama folder with ``--set random_init_weights=true``.
+A dataset whose path is local but not there is swapped for a local chat jsonl (``--set
+datasets.N.path=...``). Prints the share that passes, the most frequent refusals (``datasets[3]`` counted as
+``datasets[i]``), and every file that raised something other than a config error (a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import os
+import re
+import tempfile
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+import yaml
+
+from ktrain.config.paths import exists, looks_local
+from ktrain.config.plan import prepare
+from ktrain.config.report import ConfigError
+from ktrain.testing.assets import write_chat_dataset, write_model_dir
+
+
+def configs(examples: Path) -> Iterator[tuple[Path, dict]]:
+    """The training configs under ``examples``: YAML mappings with ``base_model``."""
+    for path in sorted([*examples.rglob("*.yaml"), *examples.rglob("*.yml")]):
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError:
+            continue
+        if isinstance(data, dict) and "base_model" in data:
+            yield path, data
+
+
+def overrides(data: dict, model: str, chat: Path, random_init: bool) -> list[str]:
+    """The ``--set`` assignments of one config: the local model, and local stand-ins for missing local data."""
+    out = [f"base_model={model}"] + (["random_init_weights=true"] if random_init else [])
+    for key in ("datasets", "test_datasets"):
+        for i, item in enumerate(data.get(key) or []):
+            path = item.get("path") if isinstance(item, dict) else None
+            if isinstance(path, str) and looks_local(path) and not exists(path):
+                out.append(f"{key}.{i}.path={chat}")
+    return out
+
+
+@contextlib.contextmanager
+def working_directory(folder: Path) -> Iterator[None]:
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("examples", type=Path, help="Axolotl's examples/ folder")
+    parser.add_argument("--base-model", help="a local model folder with weights (default: a tiny random one)")
+    parser.add_argument("--top", type=int, default=25, help="how many refusals to list")
+    parser.add_argument("--failures", action="store_true", help="print every failing file with its problems")
+    args = parser.parse_args()
+    examples = args.examples.resolve()
+    scratch = Path(tempfile.mkdtemp(prefix="axolotl-examples-"))
+    model = args.base_model or str(write_model_dir(scratch / "model"))
+    chat = write_chat_dataset(scratch / "chat.jsonl", count=8)
+    passed, failed, crashed = [], {}, {}
+    reasons: collections.Counter[str] = collections.Counter()
+    with working_directory(examples.parent):
+        for path, data in configs(examples):
+            name = str(path.relative_to(examples))
+            try:
+                prepare(path, overrides(data, model, chat, args.base_model is None))
+                passed.append(name)
+            except ConfigError as e:
+                errors = [str(p) for p in e.report.errors]
+                failed[name] = errors
+                reasons.update({re.sub(r"\[\d+\]", "[i]", p) for p in errors})
+            except Exception:  # a traceback: the thing this tool exists to find
+                crashed[name] = traceback.format_exc()
+    total = len(passed) + len(failed) + len(crashed)
+    print(f"{len(passed)}/{total} pass ({100 * len(passed) / max(total, 1):.0f}%), {len(crashed)} traceback(s)")
+    print(f"most frequent refusals (configs refused with each, of {len(failed)} refused):")
+    for reason, count in reasons.most_common(args.top):
+        print(f"  {count:4d}  {reason[:200]}")
+    for name, text in crashed.items():
+        print(f"TRACEBACK {name}\n{text}")
+    if args.failures:
+        for name, errors in failed.items():
+            print(f"{name}:", *(f"\n  - {e}" for e in errors))
+
+
+if __name__ == "__main__":
+    main()
