@@ -218,6 +218,35 @@ def test_plugin_mesh_dimensions_join_the_mesh(config) -> None:
     assert plan.mesh.dims["ep"] == 2 and plan.mesh.world_size == 2
 
 
+def test_two_plugins_sizing_one_dimension_are_both_named(config) -> None:
+    first = plugin("ep_first", ktrain_collect_mesh_dims=lambda config: {"ep": 2})
+    second = plugin("ep_second", ktrain_collect_mesh_dims=lambda config: {"ep": 4})
+    with pytest.raises(ConfigError, match="mesh: the mesh dimension 'ep' is given by two plugins") as info:
+        prepare(config(), extra_plugins=[("ep_first", first), ("ep_second", second)])
+    assert "'ep_first'" in str(info.value) and "'ep_second'" in str(info.value)
+
+
+def test_the_dispatcher_transforms_in_order_and_names_both_plugins_of_a_clash() -> None:
+    """Every transforming and collecting hook goes through ``Plugins.transform`` / ``Plugins.collect_mapping``:
+    each plugin gets the previous answer (None keeps it), and a name given twice names both plugins."""
+    first = plugin(
+        "first",
+        ktrain_wrap_model=lambda model, run: [*model, "first"],
+        ktrain_collect_checkpoint_state=lambda run: {"counter": 1},
+    )
+    second = plugin(
+        "second",
+        ktrain_wrap_model=lambda model, run: None,
+        ktrain_collect_checkpoint_state=lambda run: {"counter": 2},
+    )
+    third = plugin("third", ktrain_wrap_model=lambda model, run: [*model, "third"])
+    plugins = discover([("first", first), ("second", second), ("third", third)])
+    assert plugins.transform("ktrain_wrap_model", "model", [], run=None) == ["third", "first"]  # last registered first
+    with pytest.raises(PluginError, match="checkpoint state 'counter' is given by two plugins") as info:
+        plugins.collect("ktrain_collect_checkpoint_state", "checkpoint state", run=None)
+    assert "'first' ((registered in process) -)" in str(info.value) and "'second'" in str(info.value)
+
+
 def test_a_plugin_sizes_a_kernel_dimension_only_when_its_key_is_unset(config) -> None:
     """As sequence_parallel_degree sizes cp: allowed while context_parallel_size is unset, else an error."""
     sp = claiming("sp_plugin", "sp_on", ("mesh:cp",))

@@ -103,7 +103,7 @@ class Plugins:
         register = kwargs.pop("register")
         caller = getattr(self.pm.hook, hook_name)
         for impl in reversed(caller.get_hookimpls()):
-            info = self._owner(impl.plugin)
+            info = self.owner_of(impl.plugin)
 
             def bound(*args: Any, _info: PluginInfo = info, **kw: Any) -> Any:
                 return register(*args, plugin=_info, **kw)
@@ -111,7 +111,40 @@ class Plugins:
             args = {"register": bound, **kwargs}
             impl.function(**{name: args[name] for name in impl.argnames})
 
-    def _owner(self, obj: Any) -> PluginInfo:
+    def transform(self, hook_name: str, value_name: str, value: Any, **kwargs: Any) -> Any:
+        """Call a transforming hook (``ktrain_wrap_model``, ``ktrain_parallelize``, ``ktrain_wrap_train_step``) on
+        each plugin in turn, in pluggy's calling order (the plugin registered last first; ``tryfirst``/``trylast``
+        move one), each getting the previous result as ``value_name``; an answer of None keeps the value."""
+        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            args = {value_name: value, **kwargs}
+            result = impl.function(**{name: args[name] for name in impl.argnames})
+            if result is not None:
+                value = result
+        return value
+
+    def collect_mapping(self, hook_name: str, what: str, **kwargs: Any) -> dict[str, tuple[Any, PluginInfo]]:
+        """Merge the dict answers of a ``collect_*`` hook into name -> (value, the plugin that gave it).
+
+        Raises ``PluginError`` naming both plugins, their distributions and versions, when two give one name.
+        """
+        out: dict[str, tuple[Any, PluginInfo]] = {}
+        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            info = self.owner_of(impl.plugin)
+            for name, value in (impl.function(**{n: kwargs[n] for n in impl.argnames}) or {}).items():
+                if name in out:
+                    raise PluginError(
+                        f"the {what} '{name}' is given by two plugins: {out[name][1].describe()} and "
+                        f"{info.describe()}; remove the keys of one of them from the config"
+                    )
+                out[name] = (value, info)
+        return out
+
+    def collect(self, hook_name: str, what: str, **kwargs: Any) -> dict[str, Any]:
+        """``collect_mapping`` without the plugins: name -> value."""
+        return {name: value for name, (value, _) in self.collect_mapping(hook_name, what, **kwargs).items()}
+
+    def owner_of(self, obj: Any) -> PluginInfo:
+        """The plugin that registered ``obj`` (an entry module or a runtime object); the kernel for its own."""
         info = self.info_of(obj)
         if info is not None:
             return info
@@ -185,7 +218,7 @@ def _check_pending(plugins: Plugins) -> None:
         close = difflib.get_close_matches(name, [n for n in vars(hookspecs) if n.startswith("ktrain_")], n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise PluginError(
-            f"plugin {plugins._owner(e.plugin).describe()} implements '{name}', which is not a hook of "
+            f"plugin {plugins.owner_of(e.plugin).describe()} implements '{name}', which is not a hook of "
             f"ktrain {__version__}{hint} (`ktrain hooks` lists them)"
         ) from None
 
@@ -199,7 +232,7 @@ def activate(plugins: Plugins, config: Any, *, with_defaults: bool) -> None:
     """
     claimed: dict[str, Activation] = {}
     for impl in reversed(plugins.pm.hook.ktrain_activate.get_hookimpls()):
-        info = plugins._owner(impl.plugin)
+        info = plugins.owner_of(impl.plugin)
 
         def register(obj: Any, *, roles: Iterable[str] = (), keys: Iterable[str] = (), _info=info) -> None:
             act = Activation(_info, obj, tuple(roles), tuple(keys))

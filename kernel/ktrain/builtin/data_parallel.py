@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ktrain import hookimpl
 from ktrain.engine import DataParallelEngine, Engine, param_groups
-from ktrain.plugins import PluginError, PluginInfo
+from ktrain.plugins import PluginError
 
 KERNEL_SET = ("self", "module", "device_ids", "process_group")
 """``DistributedDataParallel`` arguments the kernel sets itself."""
@@ -29,24 +29,15 @@ def ddp_options(run: Any) -> dict[str, Any]:
     gives an option DDP does not take (or one the kernel sets), or a ``comm_state`` without its
     ``comm_hook``.
     """
-    plugins = run.plan.plugins
     allowed = [n for n in inspect.signature(DistributedDataParallel.__init__).parameters if n not in KERNEL_SET]
     allowed += HOOK_OPTIONS
-    given: dict[str, tuple[Any, PluginInfo]] = {}
-    for impl in reversed(run.hook.ktrain_collect_ddp_options.get_hookimpls()):
-        info = plugins._owner(impl.plugin)
-        for name, value in (impl.function(**{n: run for n in impl.argnames}) or {}).items():
-            if name not in allowed:
-                raise PluginError(
-                    f"plugin {info.describe()} gives the DDP option '{name}', which ktrain_collect_ddp_options "
-                    f"does not take; it takes: {', '.join(allowed)}"
-                )
-            if name in given:
-                raise PluginError(
-                    f"the DDP option '{name}' is given by two plugins: {given[name][1].describe()} and "
-                    f"{info.describe()}; remove the keys of one of them from the config"
-                )
-            given[name] = (value, info)
+    given = run.plan.plugins.collect_mapping("ktrain_collect_ddp_options", "DDP option", run=run)
+    for name, (_, info) in given.items():
+        if name not in allowed:
+            raise PluginError(
+                f"plugin {info.describe()} gives the DDP option '{name}', which ktrain_collect_ddp_options "
+                f"does not take; it takes: {', '.join(allowed)}"
+            )
     if "comm_state" in given and given["comm_state"][1] != given.get("comm_hook", (None, None))[1]:
         raise PluginError(
             f"plugin {given['comm_state'][1].describe()} gives a DDP comm_state without its comm_hook; "

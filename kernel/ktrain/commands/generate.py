@@ -68,14 +68,13 @@ def adapter_model(run_dir: Path, adapter: Path) -> Any:
 
     from ktrain.config.plan import prepare
     from ktrain.run.context import Run
-    from ktrain.run.trainer import merged
 
     plan = prepare(run_dir / "config.yaml", with_defaults=True)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     run = Run.one_process(plan, run_dir, device)
     run.tokenizer = run.hook.ktrain_load_tokenizer(run=run)
     torch.manual_seed(plan.config.seed)
-    model_kwargs = merged(run.hook.ktrain_collect_model_kwargs(run=run), "model argument")
+    model_kwargs = run.plan.plugins.collect("ktrain_collect_model_kwargs", "model argument", run=run)
     base = run.hook.ktrain_load_model(run=run, model_kwargs=model_kwargs)
     return peft.PeftModel.from_pretrained(base.to(device), adapter).eval()
 

@@ -118,14 +118,15 @@ def _plan_mesh(plugins: Plugins, config: Config, world_size: int | None, report:
     known_errors = len(report.errors)
     owners = plugins.role_owners()
     sizes = {dim: getattr(config, key) for dim, key in KERNEL_DIMS.items()}
-    sized_by_plugin: set[str] = set()
-    for result in plugins.hook.ktrain_collect_mesh_dims(config=config):
-        for dim, size in (result or {}).items():
-            if dim in KERNEL_DIMS and not config.is_set(KERNEL_DIMS[dim]) and dim not in sized_by_plugin:
-                sized_by_plugin.add(dim)  # a plugin's key sizes a kernel dimension whose own key is unset
-            elif dim in sizes:
-                report.error(KERNEL_DIMS.get(dim, dim), "mesh dimension sized twice (by its key and a plugin's key)")
-            sizes[dim] = size
+    try:
+        given = plugins.collect("ktrain_collect_mesh_dims", "mesh dimension", config=config)
+    except PluginError as e:
+        report.error("mesh", str(e))
+        return None
+    for dim, size in given.items():
+        if dim in KERNEL_DIMS and config.is_set(KERNEL_DIMS[dim]):
+            report.error(KERNEL_DIMS[dim], "mesh dimension sized twice (by its key and a plugin's key)")
+        sizes[dim] = size  # a plugin's key sizes a kernel dimension whose own key is unset, or a dimension of its own
     check_sizes(sizes, report)
     sharded = not owners["sharding"].default if "sharding" in owners else False
     if (sizes["dp_shard"] > 1 or sizes["dp_shard"] == -1) and not sharded:

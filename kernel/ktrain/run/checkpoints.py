@@ -61,13 +61,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _plugin_states(run: Run) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
-    for result in run.hook.ktrain_collect_checkpoint_state(run=run):
-        for name, obj in (result or {}).items():
-            if name in merged:
-                raise RuntimeError(f"checkpoint state '{name}' is given by two plugins")
-            merged[name] = obj
-    return merged
+    return run.plan.plugins.collect("ktrain_collect_checkpoint_state", "checkpoint state", run=run)
 
 
 def rows_per_step(run: Run) -> int:
