@@ -1,5 +1,9 @@
 """``ktrain run``: check everything, prepare the run directory, then start the ranks the mesh needs.
 
+Each rank's output is routed (``ktrain.run.console``): ktrain's lines reach the terminal, the libraries'
+output and an error's traceback go to the rank's log, ``output_dir/logs/rank-N.log``, which the line
+naming a failure names too.
+
 One rank runs in this process. More start through ``torch.distributed.run`` (the elastic launcher,
 called in process): when a rank fails, the agent stops the others, and the first failure is shown.
 With ``--max-restarts N`` (one rank too then runs under the agent) the agent starts every rank again,
@@ -13,6 +17,7 @@ import argparse
 import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +58,7 @@ def launch(args: argparse.Namespace) -> int:
             code = _run_here(run_dir, args.resume)
         else:
             worker = ["-m", "ktrain.worker", str(run_dir), *(["--resume"] if args.resume else [])]
-            code = run_ranks(plan.mesh.world_size // args.nnodes, args, worker)
+            code = run_ranks(plan.mesh.world_size // args.nnodes, args, worker, run_dir)
         if code == EXIT_BAD_INPUT:
             before.restore()
         elif code > 128:
@@ -73,18 +78,28 @@ def _say_interrupted(signum: int, run_dir: Path) -> None:
 
 
 def _run_here(run_dir: Path, resume: bool) -> int:
-    """The run's one rank in this process; bad input it finds is one line (exit 2), a signal stops it (130, 143)."""
-    from ktrain.run import outcome, stop
+    """The run's one rank in this process, its output routed as a rank's (``ktrain.run.console``).
+
+    Bad input it finds is one line (exit 2), a signal stops it (130, 143), an error is one line on the
+    terminal and its traceback in the rank's log (exit 1).
+    """
+    from ktrain.run import console, outcome, stop
     from ktrain.run.trainer import rank_main
 
-    try:
-        with stop.handled():
-            rank_main(run_dir, resume)
-    except stop.Interrupted as e:
-        return e.exit_code
-    except outcome.bad_input_types() as e:
-        print(f"ktrain: {outcome.one_line(e)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    with console.routed(run_dir, 0) as log:
+        try:
+            with stop.handled():
+                rank_main(run_dir, resume)
+        except stop.Interrupted as e:
+            return e.exit_code
+        except outcome.bad_input_types() as e:
+            print(f"ktrain: {outcome.one_line(e)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except Exception as e:
+            traceback.print_exc()  # a library's writer as far as the routing goes: to the log
+            error = traceback.format_exception_only(e)[-1].strip()
+            print(f"ktrain: the run failed.\n  error: {error}\n  its output and traceback: {log}", file=sys.stderr)
+            return EXIT_FAILED
     return EXIT_OK
 
 
@@ -122,15 +137,16 @@ def quiet_agent() -> None:
             logging.getLogger(name).setLevel(logging.ERROR + 1)
 
 
-def run_ranks(nproc: int, args: argparse.Namespace, worker: list[str]) -> int:
+def run_ranks(nproc: int, args: argparse.Namespace, worker: list[str], run_dir: Path | None = None) -> int:
     """Start ``nproc`` ranks here running ``worker`` (``-m MODULE ARGS...``) under the elastic agent, as ``args``
-    (``nnodes``, ``max_restarts``, the rendezvous) say; when one fails, stop the others and name the first."""
+    (``nnodes``, ``max_restarts``, the rendezvous) say; when one fails, stop the others and name the first
+    (and its log, where the ranks of the run in ``run_dir`` write their tracebacks)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser
     from torch.distributed.run import run as elastic_run
 
-    from ktrain.run import outcome
+    from ktrain.run import console, outcome
 
     argv = [
         "--nproc-per-node",
@@ -177,5 +193,7 @@ def run_ranks(nproc: int, args: argparse.Namespace, worker: list[str]) -> int:
             f"  first error: {str(message).strip().splitlines()[-1]}",
             file=sys.stderr,
         )
+        if run_dir is not None and console.log_path(run_dir, rank).is_file():
+            print(f"  its output and traceback: {console.log_path(run_dir, rank)}", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK

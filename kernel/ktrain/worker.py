@@ -26,15 +26,23 @@ def _restarted_with_checkpoint(run_dir: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Train one rank of the run whose config lies in RUN_DIR (under torch elastic's ``@record``)."""
-    from ktrain.run import outcome, stop
-    from ktrain.run.trainer import rank_main
+    """Train one rank of the run whose config lies in RUN_DIR (under torch elastic's ``@record``).
 
-    faulthandler.enable()  # a native crash of this rank prints its Python stack before the launcher reports it
+    Its output is routed first (``ktrain.run.console``): ktrain's lines to the terminal, the libraries' output
+    and an error's traceback to ``RUN_DIR/logs/rank-N.log``.
+    """
+    from ktrain.run import console
+
+    faulthandler.enable()  # a native crash of this rank logs its Python stack before the launcher reports it
     parser = argparse.ArgumentParser(prog="ktrain.worker")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
+    console.route(args.run_dir, int(os.environ.get("RANK", "0")))
+
+    from ktrain.run import outcome, stop
+    from ktrain.run.trainer import rank_main
+
     try:
         with stop.handled():
             rank_main(args.run_dir, args.resume or _restarted_with_checkpoint(args.run_dir))

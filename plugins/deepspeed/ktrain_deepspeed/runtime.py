@@ -16,7 +16,7 @@ import torch
 
 from ktrain import hookimpl
 from ktrain.config.report import ConfigError, Report
-from ktrain_deepspeed import checkpoint, links, machine, schema, zero
+from ktrain_deepspeed import build_ops, checkpoint, links, machine, schema, zero
 from ktrain_deepspeed.accelerator import load_deepspeed
 from ktrain_deepspeed.engine import DeepSpeedEngine
 from ktrain_deepspeed.source import Source, SourceError, read
@@ -59,6 +59,18 @@ def describe_zero3_load(model: torch.nn.Module) -> str:
     return f"ZeRO-3 built the model inside zero.Init: this rank holds {held:,} of its {total:,} parameters"
 
 
+def optimizer_ops(settings: dict[str, Any], cpu_adam: bool) -> tuple[str, ...]:
+    """The op DeepSpeed compiles for the optimizer: CPU Adam when ktrain hands it (``cpu_adam``) or an offloaded
+    JSON Adam asks for it, FusedAdam for a JSON Adam on the device (without ``torch_adam``); else none."""
+    named = settings.get("optimizer", {})
+    adam = str(named.get("type", "")).lower() in ("adam", "adamw")
+    if cpu_adam or (adam and zero.offloads_optimizer(settings)):
+        return ("CPUAdamBuilder",)
+    if adam and not named.get("params", {}).get("torch_adam", False):
+        return ("FusedAdamBuilder",)
+    return ()
+
+
 def join_process_group(run: Any) -> None:
     """Hand DeepSpeed the run's process group (a one-rank group in a one-process run, which has none)."""
     import torch.distributed as dist
@@ -68,6 +80,7 @@ def join_process_group(run: Any) -> None:
             os.environ.setdefault(name, str(value))
         backend = "nccl" if run.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    build_ops.announce(run, ("ShareMemCommBuilder",))  # built at the start of DeepSpeed's communication on CPUs
     deepspeed.init_distributed(auto_mpi_discovery=False, verbose=False)
 
 
@@ -154,10 +167,12 @@ class DeepSpeedRuntime:
         settings = self.settings(run)
         if zero.stage(settings) == 3 and run.is_main:
             print(f"deepspeed: {describe_zero3_load(model)}", flush=True)
+        optimizer = self._optimizer(run, settings, build_optimizer)
+        build_ops.announce(run, optimizer_ops(settings, optimizer == self._cpu_adam))
         ds, *_ = deepspeed.initialize(
             model=model,
             model_parameters=param_groups(model, self.config.weight_decay),
-            optimizer=self._optimizer(run, settings, build_optimizer),
+            optimizer=optimizer,
             lr_scheduler=None if "scheduler" in settings else build_lr_scheduler,
             config=settings,
             dist_init_required=False,

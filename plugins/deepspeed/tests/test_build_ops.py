@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,3 +22,30 @@ def test_each_cpu_op_is_built_and_loads() -> None:
     assert set(OPS) == {"ShareMemCommBuilder", "CPUAdamBuilder", "FusedAdamBuilder"}
     for name in OPS:
         assert f"DeepSpeed op {name}: ready in" in done.stdout
+
+
+ANNOUNCE = """
+import types
+from ktrain_deepspeed.build_ops import OPS, announce, built
+
+print([built(name) for name in OPS])
+announce(types.SimpleNamespace(say=lambda line: print("ktrain:", line)), OPS)
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="builds the ops of DeepSpeed's CPU accelerator")
+def test_a_run_says_when_it_is_about_to_compile_an_op(tmp_path: Path) -> None:
+    """``built`` finds the ops the build left in torch's extension cache, and none in an empty one, where
+    ``announce`` says, for each, that it is building it."""
+    build = [sys.executable, "-m", "ktrain_deepspeed.build_ops"]
+    assert subprocess.run(build, capture_output=True, text=True, timeout=900).returncode == 0
+    ready = subprocess.run([sys.executable, "-c", ANNOUNCE], capture_output=True, text=True, timeout=300)
+    assert ready.stdout.splitlines() == ["[True, True, True]"], ready.stderr[-3000:]
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    fresh = subprocess.run([sys.executable, "-c", ANNOUNCE], capture_output=True, text=True, timeout=300, env=env)
+    assert fresh.stdout.splitlines() == [
+        "[False, False, False]",
+        "ktrain: building DeepSpeed's shared-memory communication op, once, about a minute",
+        "ktrain: building DeepSpeed's CPU Adam, once, about a minute",
+        "ktrain: building DeepSpeed's FusedAdam, once, about a minute",
+    ], fresh.stderr[-3000:]
