@@ -122,7 +122,8 @@ def _load(path: str, name: str | None, split: str, data_files: tuple[str, ...] |
             "folder"
         ) from None
     except Exception as e:  # the library's own errors: a missing dataset, config or split, a bad file
-        raise HubError(f"{path}: {_message(e)}") from None
+        offline = f" (the Hub cannot be reached: {reason}; only the local cache was read)" if reason else ""
+        raise HubError(f"{path}: {_message(e)}{offline}") from None
 
 
 def launch_problem(path: str, name: str | None, split: str, data_files: str | list[str] | None) -> str | None:
