@@ -26,7 +26,7 @@ from ktrain.data.examples import Example
 from ktrain.data.pipeline import TrainData
 from ktrain.data.stream import StreamRows
 from ktrain.registry import collect
-from ktrain.run import checkpoints, distributed, nonfinite, stop
+from ktrain.run import checkpoints, distributed, libraries, nonfinite, stop
 from ktrain.run.context import Run, compute_dtype
 from ktrain.run.faults import maybe_fault
 from ktrain.run.host_loss import HostLoss
@@ -333,6 +333,7 @@ def rank_run(run_dir: Path, extra_plugins: tuple = ()) -> Run:
 
     rank, local_rank, world = distributed.rank_env()
     plan = prepare(run_dir / "config.yaml", world_size=world, with_defaults=True, extra_plugins=extra_plugins)
+    libraries.no_unused_deepspeed()
     device = distributed.pick_device(local_rank)
     random.seed(plan.config.seed)  # Python's generator too: its state is part of every checkpoint
     torch.manual_seed(plan.config.seed)
