@@ -8,7 +8,7 @@ import attrs
 
 from ktrain import hookspecs
 from ktrain.config.model import Config
-from ktrain.config.paths import hub_models
+from ktrain.config.paths import hub_datasets, hub_models
 from ktrain.config.plan import Plan
 from ktrain.plugins import DEFAULT_OWNERS, KERNEL_INFO_NAME, Plugins
 
@@ -32,6 +32,10 @@ def describe_plan(plan: Plan, every_key: bool = False) -> str:
     hub = hub_models(config)
     if hub:
         lines += ["", "from the Hugging Face Hub when the run loads the model (not contacted by check):"]
+        lines += [f"  {line}" for line in hub]
+    hub = hub_datasets(config)
+    if hub:
+        lines += ["", "datasets from the Hugging Face Hub (not contacted by check):"]
         lines += [f"  {line}" for line in hub]
     lines += ["", "plugins in this run (roles):"]
     for act in plan.plugins.activations:
