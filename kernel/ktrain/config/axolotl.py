@@ -21,6 +21,7 @@ from ktrain.config.report import Report
 NESTED = {"datasets": "datasets[]", "test_datasets": "datasets[]", "pretraining_dataset": "datasets[]"}
 NESTED_MAPPINGS = ("fsdp_config",)
 INTEGRATION_PREFIX = "axolotl.integrations."
+HANDLED_HERE = ("plugins",)  # owned by the kernel, read by this module (no section declares it)
 
 _CLASS = {name: ("accepted", reason) for reason, names in ACCEPTED.items() for name in names}
 _CLASS |= {name: ("unsupported", reason) for reason, names in UNSUPPORTED.items() for name in names}
@@ -46,7 +47,7 @@ def sift(data: dict[Any, Any], sections: dict[str, type], report: Report, instal
             kept[name] = value
         elif name in sections:
             kept[name] = _sift_inside(name, value, sections[name], report)
-        elif name == "plugins":
+        elif name in HANDLED_HERE:
             check_plugins(value, report, installed)
         elif name in first_party or (verdict := classify(name)) is None:
             kept[name] = value  # a first-party plugin's key (named with its install command) or unknown

@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 
 from ktrain.config.axolotl import sift
+from ktrain.config.axolotl_keys import TOP_LEVEL
 from ktrain.config.converter import make_converter, report_errors, written
 from ktrain.config.install import install_command
 from ktrain.config.keys import PLUGIN_KEYS
@@ -104,7 +105,7 @@ def read_config(
         elif (dist := _missing_plugin(name, installed or set())) is not None:
             missing.setdefault(dist, []).append(name)
         else:
-            report.error(name, _unknown_key_message(name, list(owner_of)))
+            report.error(name, _unknown_key_message(name, [*owner_of, *TOP_LEVEL]))
     for dist, names in missing.items():
         hint = install_command(dist)
         report.error(", ".join(names), f"belong to the plugin {dist}, which is not installed: `{hint}`")

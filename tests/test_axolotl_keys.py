@@ -1,0 +1,152 @@
+"""Axolotl's keys: each is owned by ktrain, accepted with a note, or refused with what ktrain offers instead.
+
+The configs under tests/fixtures/axolotl/ are written in Axolotl's style; MODEL, DATA and OUT are replaced
+with a tiny local model folder, a chat jsonl and a run directory.
+"""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import attrs
+import pytest
+
+from ktrain.config.axolotl import HANDLED_HERE, _attrs_class, check_plugins, classify
+from ktrain.config.axolotl_keys import ACCEPTED, DATASET_ITEM, FSDP_CONFIG, TOP_LEVEL, TRL, UNSUPPORTED
+from ktrain.config.install import install_command
+from ktrain.config.keys import PLUGIN_KEYS
+from ktrain.config.plan import prepare
+from ktrain.config.report import ConfigError, Report
+from ktrain.plugins import discover
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "axolotl"
+
+
+def _sections() -> list[type]:
+    sections: list[type] = []
+    register = lambda cls, *, plugin, docs_url=None: sections.append(cls)  # noqa: E731
+    discover().call_with_callback("ktrain_register_config", register=register)
+    return sections
+
+
+def _owned() -> set[str]:
+    """Every catalogue name a ktrain section declares: top level, ``datasets[].x`` and ``fsdp_config.x``."""
+    owned = {k for keys in PLUGIN_KEYS.values() for k in keys} | set(HANDLED_HERE)
+    for cls in _sections():
+        hints = typing.get_type_hints(cls)
+        for f in attrs.fields(cls):
+            owned.add(f.name)
+            inner = _attrs_class(hints[f.name])
+            prefix = {"datasets": "datasets[]", "fsdp_config": "fsdp_config"}.get(f.name)
+            if inner is not None and prefix:
+                owned |= {f"{prefix}.{g.name}" for g in attrs.fields(inner)}
+    return owned
+
+
+def _catalogue() -> list[str]:
+    return [
+        *TOP_LEVEL,
+        *(f"datasets[].{k}" for k in DATASET_ITEM),
+        *(f"fsdp_config.{k}" for k in FSDP_CONFIG),
+        *(f"trl.{k}" for k in TRL),
+    ]
+
+
+def test_every_catalogue_key_is_in_exactly_one_class() -> None:
+    owned = _owned()
+    listed = collections.Counter(k for group in (ACCEPTED, UNSUPPORTED) for keys in group.values() for k in keys)
+    catalogue = _catalogue()
+    assert [k for k, n in listed.items() if n > 1] == [], "a key listed twice"
+    assert set(listed) <= set(catalogue), f"classed but not Axolotl's: {set(listed) - set(catalogue)}"
+    assert [k for k in catalogue if k in owned and k in listed] == [], "owned and also accepted or unsupported"
+    assert [k for k in catalogue if k not in owned and k not in listed] == [], "a key with no class"
+
+
+def _write(name: str, tmp_path: Path, model: Path, data: Path) -> Path:
+    text = (FIXTURES / name).read_text(encoding="utf-8")
+    text = text.replace("MODEL", str(model)).replace("DATA", str(data)).replace("OUT", str(tmp_path / "out"))
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_axolotl_style_config_passes_with_one_note_per_key(tmp_path, tiny_model_dir, tiny_chat_jsonl) -> None:
+    plan = prepare(_write("lora_sft.yaml", tmp_path, tiny_model_dir, tiny_chat_jsonl))
+    notes = {str(p.path): p.message for p in plan.warnings}
+    for key in ("strict", "tokenizer_type", "remove_unused_columns", "skip_prepare_dataset", "lora_mlp_kernel"):
+        assert notes[key].startswith("accepted, no effect in ktrain: "), key
+    assert notes["datasets[0].trust_remote_code"].startswith("accepted, no effect in ktrain: ")  # nested
+    assert "ktrain-plugin-liger does this job" in notes["plugins[0]"]
+    assert "accepted as off" in notes["activation_offloading"]
+    assert plan.config.lora_r == 8 and plan.config.liger_rms_norm is True
+
+
+def test_unsupported_keys_are_refused_with_what_ktrain_offers(tmp_path, tiny_model_dir, tiny_chat_jsonl) -> None:
+    path = _write("unsupported.yaml", tmp_path, tiny_model_dir, tiny_chat_jsonl)
+    result = subprocess.run(
+        [sys.executable, "-m", "ktrain.cli", "check", str(path)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    expected = {
+        "rl: not supported: preference tuning": "need a plugin that is not installed",
+        "processor_type: not supported: vision": "not supported by ktrain yet",
+        "unfrozen_parameters: not supported": "adapter: lora",
+        "loss_watchdog_threshold: not supported": "nan_policy",
+        "plugins[0]: axolotl.integrations.swanlab.SwanLabPlugin": "no ktrain equivalent",
+        "datasets[0].field_human: not supported": "message_property_mappings",
+        "fsdp_config.mixed_precision_policy: not supported": "bf16",
+    }
+    for start, says in expected.items():
+        assert any(start in line and says in line for line in lines), f"{start} ... {says}\n{result.stderr}"
+    assert "unknown key" not in result.stderr
+
+
+def test_a_typo_is_still_unknown_with_did_you_mean(tmp_path, tiny_model_dir, tiny_chat_jsonl) -> None:
+    path = _write("lora_sft.yaml", tmp_path, tiny_model_dir, tiny_chat_jsonl)
+    with pytest.raises(ConfigError) as e:
+        prepare(path, ["tokenizer_typ=AutoTokenizer", "datasets.0.roles_to_trian=[assistant]"])
+    text = str(e.value)
+    assert "tokenizer_typ: unknown key; did you mean 'tokenizer_type'?" in text
+    assert "datasets[0].roles_to_trian: unknown key; did you mean 'roles_to_train'?" in text
+
+
+def test_plugins_list() -> None:
+    report = Report()
+    check_plugins(
+        [
+            "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin",
+            "axolotl.integrations.kd.KDPlugin",
+            "ktrain-plugin-liger",
+            "ktrain-plugin-lora",
+            "my_company.MagicPlugin",
+        ],
+        report,
+        installed={"ktrain-plugin-lora"},
+    )
+    found = {p.path: (p.severity, p.message) for p in report.problems}
+    assert found["plugins[0]"] == (
+        "error",
+        "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin: ktrain-plugin-fused-loss does this job in "
+        f"ktrain, not installed: `{install_command('ktrain-plugin-fused-loss')}`",
+    )
+    assert (
+        found["plugins[1]"][0] == "error"
+        and "knowledge distillation has no ktrain equivalent" in found["plugins[1]"][1]
+    )
+    assert found["plugins[2]"] == (
+        "error",
+        f"ktrain-plugin-liger: not installed: `{install_command('ktrain-plugin-liger')}`",
+    )
+    assert found["plugins[3]"][0] == "warning"
+    assert found["plugins[4]"][0] == "error" and "neither an Axolotl integration" in found["plugins[4]"][1]
+
+
+def test_classify_names_nested_keys_by_prefix() -> None:
+    assert classify("trl.beta")[0] == "unsupported"
+    assert classify("fsdp_config.use_orig_params")[0] == "accepted"
+    assert classify("not_an_axolotl_key") is None
