@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import logging
 import os
 import threading
 from typing import Any
@@ -133,8 +134,15 @@ def launch_problem(path: str, name: str | None, split: str, data_files: str | li
     download is left to the run's preprocessing.
     """
     if not installed() or offline_reason():
+        if installed():
+            import datasets  # noqa: F401  (it sets its logger's level when imported)
+        library_log = logging.getLogger("datasets")  # its notes on reading the cache belong to the run's log
+        level = library_log.level
+        library_log.setLevel(logging.ERROR)
         try:
             load(path, name, split, data_files)
         except HubError as e:
             return str(e)
+        finally:
+            library_log.setLevel(level)
     return None
