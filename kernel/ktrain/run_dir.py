@@ -8,6 +8,7 @@ Layout of ``output_dir``::
     metrics.jsonl            one JSON object per logged step and evaluation
     checkpoints/step-N/      complete checkpoints, each with manifest.json; .tmp-* are incomplete
     final/                   the trained model as HF safetensors, with the tokenizer
+    logs/rank-N.log          what rank N wrote that is not ktrain's (ktrain.run.console)
 """
 
 from __future__ import annotations
