@@ -97,7 +97,7 @@ def _run_here(run_dir: Path, resume: bool) -> int:
             return EXIT_BAD_INPUT
         except Exception as e:
             traceback.print_exc()  # a library's writer as far as the routing goes: to the log
-            error = traceback.format_exception_only(e)[-1].strip()
+            error = " ".join(f"{type(e).__name__}: {e}".split())
             print(f"ktrain: the run failed.\n  error: {error}\n  its output and traceback: {log}", file=sys.stderr)
             return EXIT_FAILED
     return EXIT_OK

@@ -1,5 +1,7 @@
 """What each rank runs: ``python -m ktrain.worker RUN_DIR [--resume]`` (started by ``ktrain run``).
 
+Its output is routed (``ktrain.run.console``): ktrain's lines to the terminal, everything else (the
+libraries' warnings and progress bars, an error's traceback) to ``RUN_DIR/logs/rank-N.log``.
 Errors are recorded through torch elastic's error file, so the launcher shows the first failure; bad
 input a rank finds (``ktrain.run.outcome``) is recorded as such, with exit code 2 and no traceback.
 SIGINT and SIGTERM stop every rank together (``ktrain.run.stop``) with exit code 130 or 143. A rank the
@@ -26,11 +28,8 @@ def _restarted_with_checkpoint(run_dir: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Train one rank of the run whose config lies in RUN_DIR (under torch elastic's ``@record``).
-
-    Its output is routed first (``ktrain.run.console``): ktrain's lines to the terminal, the libraries' output
-    and an error's traceback to ``RUN_DIR/logs/rank-N.log``.
-    """
+    """Train one rank of the run whose config lies in RUN_DIR (under torch elastic's ``@record``), its output
+    routed from the start."""
     from ktrain.run import console
 
     faulthandler.enable()  # a native crash of this rank logs its Python stack before the launcher reports it

@@ -60,7 +60,7 @@ def test_one_rank_shows_its_warning_and_one_line_for_an_error_whose_traceback_is
     assert done.returncode == 1, terminal[-3000:]
     assert "ktrain: warning: attn_implementation: FlexAttention has no backward pass on a CPU" in done.stderr
     log = root / "out" / "logs" / "rank-0.log"
-    assert "error: ktrain.run.faults.InjectedFault: injected fault at forward, step 1, rank 0\n" in done.stderr
+    assert "error: InjectedFault: injected fault at forward, step 1, rank 0\n" in done.stderr
     assert f"its output and traceback: {log}" in done.stderr
     _assert_quiet(terminal)
     assert "Traceback" in log.read_text() and "injected fault at forward" in log.read_text()

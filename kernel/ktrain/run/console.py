@@ -42,10 +42,12 @@ def own_packages() -> frozenset[str]:
 
 
 def is_own(frame: FrameType | None, packages: frozenset[str]) -> bool:
-    """Whether ``frame`` runs code of one of ``packages``."""
+    """Whether ``frame`` runs code of one of ``packages`` (a module run with ``-m`` goes by its real name)."""
     if frame is None:
         return False
     name = frame.f_globals.get("__name__") or ""
+    if name == "__main__":
+        name = getattr(frame.f_globals.get("__spec__"), "name", name)
     return name.split(".")[0] in packages
 
 
