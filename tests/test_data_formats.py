@@ -41,6 +41,7 @@ def build(tmp: Path, model: Path, tok: Any, rows: list[Any], strict: bool = True
     keys = entry.pop("keys", {})
     config = {
         "base_model": str(model),
+        "random_init_weights": True,  # the tiny model folder holds no weights; only its tokenizer is used here
         "datasets": [{"path": str(data), **entry}],
         "output_dir": str(tmp / "out"),
         "sequence_len": 512,
@@ -209,6 +210,7 @@ def test_bad_keys_and_hub_ids_are_errors_naming_the_key(
     (tmp_path / "data.jsonl").write_text('{"text": "a"}\n')
     config = {
         "base_model": str(model),
+        "random_init_weights": True,
         "datasets": [{"path": "tatsu-lab/alpaca", "type": "alpaca"}],
         "test_datasets": [{"path": str(tmp_path / "data.jsonl"), "type": "completion", "chat_template": "chatlm"}],
         "output_dir": str(tmp_path / "out"),
