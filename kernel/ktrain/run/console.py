@@ -9,7 +9,7 @@ How: file descriptors 1 and 2 of the process point at the log, and ``sys.stdout`
 ``Router`` streams that send a write to the terminal when the code that wrote it is ktrain's (the kernel,
 module ``ktrain``, or a plugin: the package of an entry point of the ``ktrain`` group), else to the log. A
 warning goes the same way by the code that called ``warnings.warn``; ktrain's own read
-``ktrain: warning: MESSAGE`` on the terminal.
+``ktrain: warning: MESSAGE`` on the terminal, from rank 0 (every rank warns alike; the others log theirs).
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ class _Routing:
 
     def __init__(self, path: Path, rank: int):
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
         self.packages = own_packages()
         self.saved = {fd: os.dup(fd) for fd in (1, 2)}
         self.before = (sys.stdout, sys.stderr, warnings.showwarning)
@@ -111,8 +112,8 @@ class _Routing:
     def show_warning(
         self, message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None
     ) -> None:
-        """``warnings.showwarning``: ktrain's as ``ktrain: warning: ...`` on the terminal, the others to the log."""
-        if is_own(_calling_frame(), self.packages):
+        """``warnings.showwarning``: ktrain's as ``ktrain: warning: ...`` on rank 0's terminal, others to the log."""
+        if self.rank == 0 and is_own(_calling_frame(), self.packages):
             self.routers[1].terminal.write(f"ktrain: warning: {' '.join(str(message).split())}\n")
         else:
             (file or self.log).write(warnings.formatwarning(message, category, filename, lineno, line))
