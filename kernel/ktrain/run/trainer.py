@@ -44,27 +44,6 @@ def to_device(value: torch.Tensor, device: torch.device) -> torch.Tensor:
     return value.to(device, non_blocking=True)
 
 
-def chain(run: Run, hook_name: str, value_name: str, value: Any, **kwargs: Any) -> Any:
-    """Call a transforming hook on each plugin in turn, each getting the previous result (None keeps it)."""
-    for impl in reversed(getattr(run.hook, hook_name).get_hookimpls()):
-        args = {value_name: value, "run": run, **kwargs}
-        result = impl.function(**{name: args[name] for name in impl.argnames})
-        if result is not None:
-            value = result
-    return value
-
-
-def merged(results: list[dict | None], what: str) -> dict[str, Any]:
-    """Merge the dicts of a ``collect_*`` hook; a key given twice is an error."""
-    out: dict[str, Any] = {}
-    for result in results:
-        for key, value in (result or {}).items():
-            if key in out:
-                raise RuntimeError(f"two plugins give the {what} '{key}'")
-            out[key] = value
-    return out
-
-
 class Trainer:
     """One rank's training: built from a ``Run``, driven by ``fit``."""
 
@@ -89,10 +68,10 @@ class Trainer:
     def load_model(self) -> Any:
         """Load the model and pass it through ``wrap_model`` and ``parallelize``."""
         run = self.run
-        model_kwargs = merged(run.hook.ktrain_collect_model_kwargs(run=run), "model argument")
+        model_kwargs = run.plan.plugins.collect("ktrain_collect_model_kwargs", "model argument", run=run)
         model = run.hook.ktrain_load_model(run=run, model_kwargs=model_kwargs)
-        model = chain(run, "ktrain_wrap_model", "model", model)
-        model = chain(run, "ktrain_parallelize", "model", model)
+        model = run.plan.plugins.transform("ktrain_wrap_model", "model", model, run=run)
+        model = run.plan.plugins.transform("ktrain_parallelize", "model", model, run=run)
         run.model = model
         self.attention = getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
         return model
@@ -112,7 +91,7 @@ class Trainer:
         )
         if run.compute_dtype == torch.float16 and not self.engine.owns_backward:
             self.engine.scaler = torch.amp.GradScaler(run.device.type)
-        self.step_fn = chain(run, "ktrain_wrap_train_step", "step", self._forward)
+        self.step_fn = run.plan.plugins.transform("ktrain_wrap_train_step", "step", self._forward, run=run)
 
     def _total_steps(self, plan: PlannedRows | StreamRows) -> int:
         if self.config.max_steps:
@@ -290,7 +269,7 @@ class Trainer:
                 if peak:
                     metrics["mfu"] = window_inputs * seq_flops / elapsed / (peak * run.world_size)
                 metrics["peak_mem_gib"] = peak_memory_gib(run.device)
-                metrics.update(merged(run.hook.ktrain_collect_metrics(run=run, step=run.step), "metric"))
+                metrics.update(run.plan.plugins.collect("ktrain_collect_metrics", "metric", run=run, step=run.step))
                 run.log.write(run.step, metrics)
                 window_loss = window_tokens = window_inputs = 0.0
                 window_start = time.perf_counter()
