@@ -248,12 +248,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Command]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ktrain`` console script.
 
-    Called as the program (no ``argv``), the process ends with ``ktrain.hard_exit.end_process`` once the
+    Called as the program (no ``argv``), the process ends with ``ktrain.run.hard_exit.end_process`` once the
     command is done, without the interpreter's teardown; called with ``argv`` (tests, scripts), it returns.
     """
     code = _main(argv)
     if argv is None:
-        from ktrain.hard_exit import end_process
+        from ktrain.run.hard_exit import end_process
 
         end_process(code)
     return code

@@ -23,7 +23,7 @@ from typing import Any
 
 from ktrain.config.plan import Plan, prepare
 from ktrain.config.report import ConfigError
-from ktrain.run_dir import Before, prepare_run_dir
+from ktrain.run.directory import Before, prepare_run_dir
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -57,7 +57,7 @@ def launch(args: argparse.Namespace) -> int:
         if plan.mesh.world_size == 1 and args.nnodes == 1 and not args.max_restarts:
             code = _run_here(run_dir, args.resume)
         else:
-            worker = ["-m", "ktrain.worker", str(run_dir), *(["--resume"] if args.resume else [])]
+            worker = ["-m", "ktrain.run.worker", str(run_dir), *(["--resume"] if args.resume else [])]
             code = run_ranks(plan.mesh.world_size // args.nnodes, args, worker, run_dir)
         if code == EXIT_BAD_INPUT:
             before.restore()

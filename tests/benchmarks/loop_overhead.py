@@ -25,8 +25,8 @@ from ktrain import hookimpl
 from ktrain.config.plan import prepare
 from ktrain.data.batches import BatchPlan, collate
 from ktrain.data.cache import build
+from ktrain.run.directory import prepare_run_dir
 from ktrain.run.trainer import rank_main
-from ktrain.run_dir import prepare_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
 WARMUP = 10

@@ -177,8 +177,8 @@ def test_the_first_checkpoint_of_a_lora_run_needs_the_adapter_not_the_base(root:
     from ktrain import hookimpl
     from ktrain.config.plan import prepare
     from ktrain.run.checkpoints import first_checkpoint_bytes
+    from ktrain.run.directory import prepare_run_dir
     from ktrain.run.trainer import rank_main
-    from ktrain.run_dir import prepare_run_dir
 
     seen: dict[str, int] = {}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ktrain.run.checkpoints import committed_checkpoints, verify
-from ktrain.run_dir import WORKER_LOCK_FILE
+from ktrain.run.directory import WORKER_LOCK_FILE
 from tests.kit import dataset, model_dir, records, write_config
 from tests.reliability.kit import PG_TIMEOUT_S, checkpoints, digest, file_hashes, run, same_state, start, wait_unlocked
 

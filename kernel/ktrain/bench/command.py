@@ -17,8 +17,8 @@ from ktrain.bench.rows import Lengths
 from ktrain.config.plan import Plan, load_plugins_and_config, prepare
 from ktrain.config.report import ConfigError
 from ktrain.run import distributed
+from ktrain.run.directory import write_run_files
 from ktrain.run.trainer import rank_run
-from ktrain.run_dir import write_run_files
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 

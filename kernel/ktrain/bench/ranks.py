@@ -66,6 +66,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ktrain.hard_exit import end_process
+    from ktrain.run.hard_exit import end_process
 
     end_process(main())

@@ -31,12 +31,12 @@ import torch
 
 from ktrain import __version__
 from ktrain.config.report import ConfigError
-from ktrain.files import atomic_write_text, fsync_dir, fsync_tree
 from ktrain.run import distributed, manifest
 from ktrain.run.context import Run
+from ktrain.run.directory import CHECKPOINTS
 from ktrain.run.faults import maybe_fault
+from ktrain.run.files import atomic_write_text, fsync_dir, fsync_tree
 from ktrain.run.manifest import MANIFEST, NoSpaceLeft
-from ktrain.run_dir import CHECKPOINTS
 
 PREFIX = "step-"
 KEEP_AT_LEAST = 2

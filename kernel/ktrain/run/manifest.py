@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ktrain.files import sha256_file
+from ktrain.run.files import sha256_file
 
 MANIFEST = "manifest.json"
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ktrain.files import atomic_write_text
+from ktrain.run.files import atomic_write_text
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0, "B200": 2250.0}
 

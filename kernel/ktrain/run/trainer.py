@@ -337,7 +337,7 @@ def rank_main(run_dir: Path, resume: bool, extra_plugins: tuple = ()) -> dict[st
     ``extra_plugins`` are ``(name, object)`` pairs registered as if installed (benchmarks, tests).
     Returns the final metrics.
     """
-    from ktrain.run_dir import lock_workers
+    from ktrain.run.directory import lock_workers
 
     lock = lock_workers(run_dir)
     try:

@@ -1,4 +1,4 @@
-"""What each rank runs: ``python -m ktrain.worker RUN_DIR [--resume]`` (started by ``ktrain run``).
+"""What each rank runs: ``python -m ktrain.run.worker RUN_DIR [--resume]`` (started by ``ktrain run``).
 
 Its output is routed (``ktrain.run.console``): ktrain's lines to the terminal, everything else (the
 libraries' warnings and progress bars, an error's traceback) to ``RUN_DIR/logs/rank-N.log``.
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from ktrain.run import console
 
     faulthandler.enable()  # a native crash of this rank logs its Python stack before the launcher reports it
-    parser = argparse.ArgumentParser(prog="ktrain.worker")
+    parser = argparse.ArgumentParser(prog="ktrain.run.worker")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
@@ -80,6 +80,6 @@ if __name__ == "__main__":
         signal.signal(_signum, _stopped_while_starting)
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from ktrain.hard_exit import end_process
+    from ktrain.run.hard_exit import end_process
 
     end_process(record(main)())  # a rank that raised leaves through the traceback, its error recorded for the launcher

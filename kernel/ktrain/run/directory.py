@@ -23,7 +23,7 @@ from typing import IO
 from ktrain import __version__
 from ktrain.config.plan import Plan
 from ktrain.config.report import ConfigError
-from ktrain.files import atomic_write_text
+from ktrain.run.files import atomic_write_text
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".ktrain.lock"
@@ -167,7 +167,7 @@ class Before:
 
 def _check_continuation(out: Path, plan: Plan, resume: bool) -> None:
     """Before a rank starts: ``--resume`` needs a complete checkpoint, and a resume keeps what it cannot change."""
-    from ktrain.resume_check import check_resume
+    from ktrain.run.resume_check import check_resume
 
     config = plan.config
     if config.resume_from_checkpoint:
