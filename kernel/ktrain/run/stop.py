@@ -10,16 +10,25 @@ before its optimizer step, where the ranks learn together whether any of them wa
 in a collective for a peer that has gone.
 
 The process then exits with ``128 + signal`` (130 for SIGINT, 143 for SIGTERM), printing no traceback.
+
+A rank that cannot reach that check (stuck in a collective whose peer is gone, as when the launcher stops
+the ranks after another one failed) exits with the same code ``STOP_GRACE_S`` seconds after the signal,
+from a watchdog thread: before the launcher's own kill (30 s), so that it is seen as stopped, not as the
+failure. A checkpoint cut short then is never committed (commits are a rename of a complete folder).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_GRACE_S = float(os.environ.get("KTRAIN_STOP_GRACE_S", "5"))
 
 _received = 0  # the signal asked for, 0 when none
 _deferred = False
@@ -41,9 +50,18 @@ class Interrupted(BaseException):  # like KeyboardInterrupt: not an error of the
 def _handle(signum: int, frame: Any) -> None:
     global _received
     del frame
+    first = not _received
     _received = _received or signum
     if not _deferred:
         raise Interrupted(signum)
+    if first:
+        threading.Thread(target=_exit_after_grace, args=(signum,), daemon=True).start()
+
+
+def _exit_after_grace(signum: int) -> None:
+    """End this process with the signal's exit code when the step has not stopped it within ``STOP_GRACE_S``."""
+    time.sleep(STOP_GRACE_S)
+    os._exit(128 + signum)
 
 
 @contextlib.contextmanager
