@@ -170,6 +170,16 @@ def test_the_progress_bar_redraws_every_second_with_an_eta(root: Path) -> None:
     assert any("eta 00:" in part for part in bars if " 400/400" not in part), bars
 
 
+def test_printed_lines_have_an_eta_from_the_first_logged_step_after_the_first(root: Path) -> None:
+    """Off a terminal (a log file, a CI job) a line is printed per logged step: the first one after the first
+    step already says when the run ends."""
+    config = write_config(root, max_steps=6, logging_steps=3, save_strategy="no")
+    code, log = run("run", str(config), log=root / "lines.log")
+    assert code == 0, log[-3000:]
+    line = next(line for line in log.splitlines() if line.startswith("step 3/6"))
+    assert "eta 00:" in line, line
+
+
 def test_the_first_checkpoint_of_a_lora_run_needs_the_adapter_not_the_base(root: Path) -> None:
     """A real LoRA run (ktrain-plugin-lora): the free space asked for its first checkpoint covers what the
     checkpoint holds and is far below the base model's size, which no LoRA checkpoint holds."""

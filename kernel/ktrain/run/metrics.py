@@ -104,12 +104,12 @@ class MetricsLog:
         It shows the step, the ETA and the last logged metrics: facts already on the host, so the step
         waits for nothing.
         """
-        if not (self.enabled and self.tty):
+        if not self.enabled:
             return
         now = time.perf_counter()
-        if self.first_step is None:
+        if self.first_step is None:  # the ETA counts from the first step, also where lines are printed instead
             self.first_step, self.started = step, now
-        if now - self.drawn >= 1.0:
+        if self.tty and now - self.drawn >= 1.0:
             self._bar(step, self.shown)
 
     def _eta(self, step: int) -> str:
