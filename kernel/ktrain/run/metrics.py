@@ -1,4 +1,8 @@
-"""What rank 0 tells the user: a line (or a progress bar on a terminal) per logged step, and metrics.jsonl.
+"""What rank 0 tells the user: a line (or a progress bar on a terminal) per logged step, metrics.jsonl and the sinks.
+
+Every registered metric sink is guarded: one whose factory, ``write``, ``close`` or a call its plugin makes
+through ``MetricsLog.send`` raises is reported once (``ktrain: warning: ...``, naming the sink and its
+plugin) and dropped; training goes on, and metrics.jsonl, written before any sink, has every record.
 
 MFU counts ``6 · N + 12 · layers · hidden · seq`` FLOPs per token (N: parameters outside the
 embeddings, ZeRO-3 partitions counted whole; the second term is attention) against the device's dense
@@ -13,11 +17,14 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ktrain.plugins import PluginInfo
+from ktrain.registry import collect
 from ktrain.run.files import atomic_write_text
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0, "B200": 2250.0}
@@ -71,10 +78,49 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-class MetricsLog:
-    """Rank 0's log: console, ``metrics.jsonl`` and the registered sinks."""
+class Sink:
+    """A metric sink of a run: its registered name, its plugin and, once opened, the object it returned."""
 
-    def __init__(self, path: Path, start_step: int, total_steps: int, sinks: list[Any], enabled: bool):
+    def __init__(self, name: str, plugin: PluginInfo):
+        self.name = name
+        self.plugin = plugin
+        self.obj: Any = None
+        self.dropped = False
+
+    def call(self, what: str, action: Callable[[], Any]) -> Any:
+        """``action()``; when it raises, one warning and the sink is dropped (later calls do nothing, return None)."""
+        if self.dropped:
+            return None
+        try:
+            return action()
+        except Exception as e:
+            self.dropped = True
+            error = " ".join(f"{type(e).__name__}: {e}".split())
+            print(
+                f"ktrain: warning: metric sink '{self.name}' ({self.plugin.distribution} {self.plugin.version}) "
+                f"failed in {what} ({error}) and is dropped; training goes on and metrics.jsonl has every metric",
+                file=sys.stderr,
+                flush=True,
+            )
+            return None
+
+
+def open_sinks(run: Any) -> list[Sink]:
+    """Rank 0, as training starts: each registered sink's ``factory(run)``; those that answer None are left out."""
+    opened = []
+    registry = collect(run.plan.plugins, "ktrain_register_metric_sinks", "metric sink")
+    for name, (factory, plugin) in registry.items.items():
+        sink = Sink(name, plugin)
+        sink.obj = sink.call("open", lambda factory=factory: factory(run))
+        if sink.obj is not None:
+            opened.append(sink)
+    return opened
+
+
+class MetricsLog:
+    """Rank 0's log: console, ``metrics.jsonl`` and the open sinks (from ``open_sinks``)."""
+
+    def __init__(self, path: Path, start_step: int, total_steps: int, sinks: list[Sink], enabled: bool):
         self.enabled = enabled
         self.total_steps = total_steps
         self.sinks = sinks
@@ -89,14 +135,22 @@ class MetricsLog:
         self.shown = ""  # the metrics of the last logged step, as the bar shows them
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
+        """Log ``metrics`` at ``step``: metrics.jsonl first, then every sink, then the console."""
         if not self.enabled:
             return
         record = {"step": step, **metrics}
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
         for sink in self.sinks:
-            sink.write(step, metrics)
+            sink.call("write", lambda sink=sink: sink.obj.write(step, metrics))
         self._print(step, metrics)
+
+    def send(self, name: str, what: str, action: Callable[[Any], Any]) -> None:
+        """``action(sink)`` on the open sink ``name`` (e.g. a tracker's model upload, ``what`` names it), under the
+        guard of ``write``; nothing when the sink is not open here (another rank, not asked for, or dropped)."""
+        for sink in self.sinks:
+            if sink.name == name:
+                sink.call(what, lambda sink=sink: action(sink.obj))
 
     def tick(self, step: int) -> None:
         """After every step: on a terminal, redraw the bar when a second has passed since it was last drawn.
@@ -144,7 +198,7 @@ class MetricsLog:
         if self.file:
             self.file.close()
         for sink in self.sinks:
-            sink.close()
+            sink.call("close", sink.obj.close)
 
 
 def _drop_records_after(path: Path, step: int) -> None:

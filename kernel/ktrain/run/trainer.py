@@ -25,12 +25,11 @@ from ktrain.data.batches import PlannedRows, collate, row_tokens, row_trained
 from ktrain.data.examples import Example
 from ktrain.data.pipeline import TrainData
 from ktrain.data.stream import StreamRows
-from ktrain.registry import collect
 from ktrain.run import checkpoints, distributed, libraries, nonfinite, stop
 from ktrain.run.context import Run, compute_dtype
 from ktrain.run.faults import maybe_fault
 from ktrain.run.host_loss import HostLoss
-from ktrain.run.metrics import MetricsLog, flops_per_token, peak_flops, peak_memory_gib
+from ktrain.run.metrics import MetricsLog, flops_per_token, open_sinks, peak_flops, peak_memory_gib
 
 
 def to_device(value: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -200,12 +199,7 @@ class Trainer:
             start, self.tokens_seen = state["step"], state.get("tokens_seen", 0)
             if run.is_main:
                 print(f"resumed from {point} at step {start}", flush=True)
-        sinks = []
-        if run.is_main:
-            for factory, _ in collect(run.plan.plugins, "ktrain_register_metric_sinks", "metric sink").items.values():
-                sink = factory(run)
-                if sink is not None:
-                    sinks.append(sink)
+        sinks = open_sinks(run) if run.is_main else []
         run.log = MetricsLog(run.output_dir / "metrics.jsonl", start, total, sinks, enabled=run.is_main)
         try:
             return self._loop(start, total, data)
