@@ -1011,7 +1011,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "fsdp_final_state_dict_type",
         "fsdp_config.final_state_dict_type",
     ),
-    "write fsdp_version at the top level": ("fsdp_config.fsdp_version", "fsdp_config.version"),
     "FSDP's precision follows bf16/fp16/bfloat16, and offloaded memory is always pinned": (
         "fsdp_config.mixed_precision_policy",
         "fsdp_config.cpu_offload_pin_memory",

@@ -23,6 +23,9 @@ LIST_FORM_ITEMS = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "o
 class FsdpConfig:
     """Keys of ``fsdp_config``: FSDP2's names, and FSDP1's with the ``fsdp_`` prefix."""
 
+    # Axolotl's spellings of the top-level fsdp_version
+    fsdp_version: int | None = key(None, "Axolotl's place for the top-level fsdp_version (read as it; write it there)")
+    version: int | None = key(None, "Axolotl's other spelling of fsdp_config.fsdp_version")
     # FSDP2 (fsdp_version: 2)
     reshard_after_forward: bool | None = key(
         None, "FSDP2: free gathered weights after forward (true, the FULL_SHARD of FSDP1) or keep them (false)"
@@ -50,6 +53,10 @@ class FsdpConfig:
     )
     # FSDP1 (fsdp_version: 1)
     fsdp_sharding_strategy: SHARDING_STRATEGIES | None = key(None, "FSDP1: what is sharded (default FULL_SHARD)")
+    sharding_strategy: SHARDING_STRATEGIES | None = key(
+        None, "Axolotl's spelling of fsdp_sharding_strategy; under FSDP2, reshard_after_forward"
+    )
+    fsdp_reshard_after_forward: bool | None = key(None, "Axolotl's spelling of reshard_after_forward (FSDP2)")
     fsdp_offload_params: bool | None = key(None, "FSDP1 spelling of offload_params")
     fsdp_cpu_ram_efficient_loading: bool | None = key(None, "FSDP1 spelling of cpu_ram_efficient_loading")
     fsdp_auto_wrap_policy: WRAP_POLICIES | None = key(None, "FSDP1 spelling of auto_wrap_policy")

@@ -57,6 +57,11 @@ def migrate(data: Any, replicas: int | None) -> tuple[list[str], list[str]]:
             section.setdefault(name, value)
         del data["fsdp"]
         notes.append("fsdp: the list form is now fsdp_config keys")
+    for name in [k for k in ("fsdp_version", "version") if k in section]:  # Axolotl's places for the version
+        inner = section.pop(name)
+        if "fsdp_version" in data and data["fsdp_version"] != inner:
+            errors.append(f"fsdp_config.{name} is {inner} but fsdp_version is {data['fsdp_version']}; keep one")
+        notes.append(f"fsdp_config.{name}: moved to the top level")
     if data.get("fsdp_version") == 2 and not any(is_fsdp1_key(k) for k in section):
         return notes, errors
     if "fsdp_config" not in data:

@@ -3,7 +3,9 @@
 The move from FSDP1 to FSDP2: the ``fsdp_`` prefix goes; ``fsdp_sharding_strategy`` becomes
 ``reshard_after_forward`` (FULL_SHARD: true, SHARD_GRAD_OP: false); HYBRID_SHARD becomes a replicate
 dimension (``dp_replicate_size``); keys that tune FSDP1's flat parameters and its prefetching have no
-FSDP2 meaning. Imports nothing heavy.
+FSDP2 meaning and are dropped. Axolotl also accepts ``fsdp_config`` keys with the ``fsdp_`` prefix taken off
+(``sharding_strategy``) or put on (``fsdp_reshard_after_forward``); both are FSDP1 spellings here.
+Imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ NO_FSDP2_MEANING = {
     "fsdp_limit_all_gathers": "FSDP2 needs no all-gather rate limiter",
 }
 
+# FSDP2 keys written with FSDP1's prefix (Axolotl takes the prefix off)
+PREFIXED = {"fsdp_reshard_after_forward": "reshard_after_forward"}
+
+# The sharding strategy: FSDP1's spelling and Axolotl's unprefixed one
+STRATEGY_KEYS = ("fsdp_sharding_strategy", "sharding_strategy")
+
 # fsdp_sharding_strategy -> reshard_after_forward
 RESHARD = {"FULL_SHARD": True, "SHARD_GRAD_OP": False, "HYBRID_SHARD": True}
 
@@ -60,8 +68,9 @@ def yaml_value(value: Any) -> str:
 class Change:
     """What one FSDP1 key becomes under FSDP2.
 
-    ``fsdp_config`` holds the FSDP2 keys that replace it, ``top`` the top-level keys it needs, and
-    ``error`` says why it cannot be carried over (no FSDP2 meaning, or a value FSDP2 cannot express).
+    ``fsdp_config`` holds the FSDP2 keys that replace it, ``top`` the top-level keys it needs,
+    ``dropped`` why it is left out (it has no FSDP2 meaning), and ``error`` why it cannot be carried
+    over (a value FSDP2 cannot express).
     """
 
     key: str
@@ -69,6 +78,7 @@ class Change:
     fsdp_config: dict[str, Any] = attrs.Factory(dict)
     top: dict[str, Any] = attrs.Factory(dict)
     error: str | None = None
+    dropped: str | None = None
     needs_replicas: bool = False
 
     def spelling(self) -> str:
@@ -82,6 +92,11 @@ class Change:
         """The note ``ktrain check`` prints for this key under ``fsdp_version: 2``."""
         if self.error:
             return self.error
+        if self.dropped:
+            return (
+                f"FSDP1 key with no FSDP2 meaning ({self.dropped}); ignored under fsdp_version: 2: "
+                "remove it (`ktrain migrate` removes it)"
+            )
         return f"FSDP1 spelling under fsdp_version: 2; FSDP2 writes {self.spelling()} (`ktrain migrate` rewrites it)"
 
 
@@ -89,13 +104,11 @@ def change_of(name: str, value: Any) -> Change:
     """The FSDP2 form of the FSDP1 key ``name`` (inside ``fsdp_config``) set to ``value``."""
     if name in RENAMED:
         return Change(name, value, fsdp_config={RENAMED[name]: value})
+    if name in PREFIXED:
+        return Change(name, value, fsdp_config={PREFIXED[name]: value})
     if name in NO_FSDP2_MEANING:
-        return Change(
-            name,
-            value,
-            error=f"has no FSDP2 meaning ({NO_FSDP2_MEANING[name]}); remove it, or set fsdp_version: 1 to use FSDP1",
-        )
-    if name == "fsdp_sharding_strategy":
+        return Change(name, value, dropped=NO_FSDP2_MEANING[name])
+    if name in STRATEGY_KEYS:
         if value == "NO_SHARD":
             return Change(
                 name,
@@ -111,7 +124,7 @@ def change_of(name: str, value: Any) -> Change:
 
 def is_fsdp1_key(name: str) -> bool:
     """Whether ``name`` (inside ``fsdp_config``) is an FSDP1 spelling."""
-    return name in RENAMED or name in NO_FSDP2_MEANING or name == "fsdp_sharding_strategy"
+    return name in RENAMED or name in PREFIXED or name in NO_FSDP2_MEANING or name in STRATEGY_KEYS
 
 
 def list_form(items: list[str] | str) -> tuple[dict[str, Any], list[str]]:

@@ -12,10 +12,11 @@ from typing import Any
 import attrs
 
 from ktrain_fsdp.keys import LIST_FORM_ITEMS, FsdpConfig
-from ktrain_fsdp.migration import RENAMED, RESHARD, change_of, is_fsdp1_key, list_form, yaml_value
+from ktrain_fsdp.migration import PREFIXED, RENAMED, RESHARD, change_of, is_fsdp1_key, list_form, yaml_value
 
 AC_CHOICES = ("activation_checkpointing_fraction", "activation_checkpointing_scope")
 FSDP2_NAMES = (*RENAMED.values(), "reshard_after_forward", *AC_CHOICES)
+VERSION_KEYS = ("fsdp_version", "version")  # inside fsdp_config: Axolotl's places for the top-level key
 
 
 @attrs.frozen
@@ -77,6 +78,7 @@ def _replicas(config: Any) -> bool:
 def _fsdp2(config: Any, keys: dict[str, Any], paths: dict[str, str], report: Any) -> dict[str, Any]:
     """FSDP2 settings: its own keys, and FSDP1 keys migrated with a note (or an error) each."""
     settings = {name: keys[name] for name in FSDP2_NAMES if name in keys}
+    origin = {name: name for name in settings}  # the key each setting was written as
     for name, value in keys.items():
         if not is_fsdp1_key(name):
             continue
@@ -84,15 +86,21 @@ def _fsdp2(config: Any, keys: dict[str, Any], paths: dict[str, str], report: Any
         if change.error:
             report.error(paths[name], change.error)
             continue
-        clash = [new for new, v in change.fsdp_config.items() if new in keys and keys[new] != v]
+        if change.dropped:
+            report.warn(paths[name], change.message())
+            continue
+        clash = [new for new, v in change.fsdp_config.items() if new in settings and settings[new] != v]
         if clash:
+            new, other = clash[0], origin[clash[0]]
+            said = "is" if other == new else f"says {new}:"
             report.error(
                 paths[name],
-                f"says {name}: {yaml_value(value)} but fsdp_config.{clash[0]} is {yaml_value(keys[clash[0]])}; "
-                f"remove {name} (the FSDP1 spelling)",
+                f"says {new}: {yaml_value(change.fsdp_config[new])} but fsdp_config.{other} {said} "
+                f"{yaml_value(settings[new])}; remove {name} (the FSDP1 spelling)",
             )
             continue
         settings.update(change.fsdp_config)
+        origin.update(dict.fromkeys(change.fsdp_config, name))
         if change.needs_replicas and not _replicas(config):
             report.error(
                 paths[name],
@@ -106,16 +114,16 @@ def _fsdp2(config: Any, keys: dict[str, Any], paths: dict[str, str], report: Any
 
 def _fsdp1(config: Any, keys: dict[str, Any], paths: dict[str, str], report: Any) -> dict[str, Any]:
     """FSDP1 settings under their FSDP2 names; FSDP2 spellings are errors here."""
-    for name in FSDP2_NAMES:
+    for name in (*FSDP2_NAMES, *PREFIXED):
         if name in AC_CHOICES and name in keys:
             report.error(paths[name], "is FSDP2 only (FSDP1 recomputes every block whole); set fsdp_version: 2")
         elif name in keys:
-            fsdp1 = "fsdp_sharding_strategy" if name == "reshard_after_forward" else f"fsdp_{name}"
+            fsdp1 = "fsdp_sharding_strategy" if "reshard_after_forward" in name else f"fsdp_{name}"
             report.error(
                 paths[name], f"is the FSDP2 spelling; under fsdp_version: 1 write {fsdp1}, or set fsdp_version: 2"
             )
     settings = {new: keys[old] for old, new in RENAMED.items() if old in keys}
-    strategy = keys.get("fsdp_sharding_strategy", "FULL_SHARD")
+    strategy = _fsdp1_strategy(keys, paths, report)
     settings["reshard_after_forward"] = RESHARD.get(strategy, True)
     if config.tensor_parallel_size != 1 or config.context_parallel_size != 1:
         report.error("fsdp_version", "FSDP1 does not combine with tensor or context parallelism; set fsdp_version: 2")
@@ -127,7 +135,7 @@ def _fsdp1(config: Any, keys: dict[str, Any], paths: dict[str, str], report: Any
         )
     if strategy == "HYBRID_SHARD" and not _replicas(config):
         report.warn(
-            paths["fsdp_sharding_strategy"],
+            _path(paths, "fsdp_sharding_strategy", "sharding_strategy"),
             "HYBRID_SHARD replicates across dp_replicate_size, which is 1: this shards like FULL_SHARD; "
             "set dp_replicate_size to the number of replicas",
         )
@@ -145,6 +153,49 @@ def _fsdp1(config: Any, keys: dict[str, Any], paths: dict[str, str], report: Any
     return {"sharding_strategy": strategy, **settings}
 
 
+def _fsdp1_strategy(keys: dict[str, Any], paths: dict[str, str], report: Any) -> str:
+    """FSDP1's sharding strategy from ``fsdp_sharding_strategy`` or Axolotl's unprefixed ``sharding_strategy``."""
+    strategy = keys.get("fsdp_sharding_strategy")
+    plain = keys.get("sharding_strategy")
+    if plain is not None and strategy is not None and plain != strategy:
+        report.error(
+            paths["sharding_strategy"],
+            f"is {plain} but fsdp_config.fsdp_sharding_strategy is {strategy}; keep one (fsdp_sharding_strategy)",
+        )
+    elif plain is not None:
+        report.warn(
+            paths["sharding_strategy"],
+            f"Axolotl's spelling under fsdp_version: 1; FSDP1 writes `fsdp_config.fsdp_sharding_strategy: {plain}`",
+        )
+    return strategy or plain or "FULL_SHARD"
+
+
+def _version(config: Any, keys: dict[str, Any], paths: dict[str, str], report: Any) -> tuple[Any, str]:
+    """The FSDP version written, from the top level or (Axolotl's places) from inside ``fsdp_config``, and the
+    path it was read from; the inner spellings leave ``keys``, each with a note, or an error where they differ."""
+    top = config.fsdp_version
+    inner = {name: keys.pop(name) for name in VERSION_KEYS if name in keys}
+    first = None
+    for name, value in inner.items():
+        other, other_value = ("fsdp_version", top) if top is not None else (first and paths[first], inner.get(first))
+        if other is not None and value != other_value:
+            report.error(
+                paths[name],
+                f"is {value} but {other} is {other_value}; write the version once, as the top-level fsdp_version",
+            )
+        elif other is not None:
+            report.warn(paths[name], f"repeats fsdp_version: {value}; remove it (the top-level key is the one read)")
+        else:
+            report.warn(
+                paths[name],
+                f"read as the top-level `fsdp_version: {value}` (Axolotl's place for it); write it at the top level",
+            )
+            first = name
+    if top is not None or first is None:
+        return top, "fsdp_version"
+    return inner[first], paths[first]
+
+
 def layer_key(options: FsdpOptions) -> str:
     """The key path of the block classes, in the spelling of the version in use."""
     return "fsdp_config." + ("fsdp_" if options.version == 1 else "") + "transformer_layer_cls_to_wrap"
@@ -153,9 +204,9 @@ def layer_key(options: FsdpOptions) -> str:
 def resolve(config: Any, report: Any) -> FsdpOptions:
     """The options of ``config``; problems and notes go to ``report`` (``error``/``warn`` with the key path)."""
     keys, paths = _written(config, report)
-    version = config.fsdp_version
+    version, version_path = _version(config, keys, paths, report)
     if version not in (None, 1, 2):
-        report.error("fsdp_version", f"must be 2 (FSDP2, recommended) or 1 (FSDP1), not {version}")
+        report.error(version_path, f"must be 2 (FSDP2, recommended) or 1 (FSDP1), not {version}")
         version = 2
     if version is None:
         version = 1
@@ -176,14 +227,15 @@ def resolve(config: Any, report: Any) -> FsdpOptions:
     layers = settings.pop("transformer_layer_cls_to_wrap", None)
     if isinstance(layers, str):
         layers = [name.strip() for name in layers.split(",") if name.strip()]
+    fsdp1_only = keys if version == 1 else {}  # FSDP2 ignores these keys (noted in _fsdp2)
     options = FsdpOptions(
         version=version,
         layer_classes=tuple(layers or ()),
-        backward_prefetch=keys.get("fsdp_backward_prefetch", "BACKWARD_PRE"),
-        forward_prefetch=keys.get("fsdp_forward_prefetch", False),
-        use_orig_params=keys.get("fsdp_use_orig_params", True),
-        sync_module_states=keys.get("fsdp_sync_module_states", True),
-        limit_all_gathers=keys.get("fsdp_limit_all_gathers", True),
+        backward_prefetch=fsdp1_only.get("fsdp_backward_prefetch", "BACKWARD_PRE"),
+        forward_prefetch=fsdp1_only.get("fsdp_forward_prefetch", False),
+        use_orig_params=fsdp1_only.get("fsdp_use_orig_params", True),
+        sync_module_states=fsdp1_only.get("fsdp_sync_module_states", True),
+        limit_all_gathers=fsdp1_only.get("fsdp_limit_all_gathers", True),
         **settings,
     )
     _check_common(config, options, keys, paths, report)

@@ -28,6 +28,7 @@ from ktrain_fsdp.options import FsdpOptions
 from tests.kit import REPO
 
 SEED = REPO / "tests" / "fixtures" / "seed"
+HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture
@@ -108,10 +109,6 @@ def test_fsdp1_seed_config_under_version_2_shows_each_new_spelling(sets: list[st
 # ---------------------------------------------------------------------------------------------------
 
 BAD = [
-    ({"fsdp_version": 2, "fsdp_config": {"fsdp_backward_prefetch": "BACKWARD_PRE"}},
-     "fsdp_config.fsdp_backward_prefetch", "has no FSDP2 meaning"),
-    ({"fsdp_version": 2, "fsdp_config": {"fsdp_use_orig_params": True}},
-     "fsdp_config.fsdp_use_orig_params", "has no FSDP2 meaning"),
     ({"fsdp_version": 2, "fsdp_config": {"fsdp_sharding_strategy": "NO_SHARD"}},
      "fsdp_config.fsdp_sharding_strategy", "NO_SHARD has no FSDP2 meaning"),
     ({"fsdp_version": 2, "fsdp_config": {"fsdp_sharding_strategy": "HYBRID_SHARD"}},
@@ -159,6 +156,119 @@ def test_bad_fsdp_input_stops_run_before_any_rank(keys, path, fragment, write, c
     assert any(line.startswith(f"  - {path}:") and fragment in line for line in problems), err
     assert "Traceback" not in err
     assert not (tmp_path / "out").exists()  # stopped before the run directory and the ranks
+
+
+# Axolotl's spellings: each refused one is one problem line naming the key and what to write instead
+AXOLOTL_BAD = [
+    ({"fsdp_version": 2, "fsdp_config": {"sharding_strategy": "NO_SHARD"}},
+     "fsdp_config.sharding_strategy", "NO_SHARD has no FSDP2 meaning: for plain data parallelism (DDP) remove"),
+    ({"fsdp_version": 2, "fsdp_config": {"sharding_strategy": "SHARD_GRAD_OP", "reshard_after_forward": True}},
+     "fsdp_config.sharding_strategy", "but fsdp_config.reshard_after_forward is true; remove sharding_strategy"),
+    ({"fsdp_version": 2, "fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARD", "sharding_strategy": "SHARD_GRAD_OP"}},
+     "fsdp_config.sharding_strategy", "but fsdp_config.fsdp_sharding_strategy says reshard_after_forward: true"),
+    ({"fsdp_version": 1, "fsdp_config": {"fsdp_version": 2}},
+     "fsdp_config.fsdp_version", "is 2 but fsdp_version is 1; write the version once, as the top-level"),
+    ({"fsdp_config": {"fsdp_version": 2, "version": 1}},
+     "fsdp_config.version", "is 1 but fsdp_config.fsdp_version is 2"),
+    ({"fsdp_config": {"fsdp_version": 3}}, "fsdp_config.fsdp_version", "must be 2 (FSDP2, recommended) or 1"),
+    ({"fsdp_version": 1, "fsdp_config": {"fsdp_reshard_after_forward": True}},
+     "fsdp_config.fsdp_reshard_after_forward", "under fsdp_version: 1 write fsdp_sharding_strategy"),
+    ({"fsdp_version": 1, "fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARD", "sharding_strategy": "NO_SHARD"}},
+     "fsdp_config.sharding_strategy", "is NO_SHARD but fsdp_config.fsdp_sharding_strategy is FULL_SHARD; keep one"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("keys", "path", "fragment"), AXOLOTL_BAD, ids=[f"{i}" for i in range(len(AXOLOTL_BAD))])
+def test_a_refused_axolotl_spelling_is_one_line_and_exit_2(keys, path, fragment, write, capsys, tmp_path) -> None:
+    code, out, err = run_cli(capsys, "run", write(**keys), "--nproc-per-node", "2")
+    problems = [line for line in err.splitlines() if line.startswith("  - ")]
+    assert code == 2 and "Traceback" not in err, out + err
+    assert len(problems) == 1 and problems[0].startswith(f"  - {path}: ") and fragment in problems[0], err
+    assert not (tmp_path / "out").exists()
+
+
+# Each FSDP1 spelling under fsdp_version: 2: (key, value, what the one note shows, the options it resolves to)
+TRANSLATED = [
+    ("sharding_strategy", "FULL_SHARD", "`fsdp_config.reshard_after_forward: true`", {"reshard_after_forward": True}),
+    ("sharding_strategy", "SHARD_GRAD_OP", "`fsdp_config.reshard_after_forward: false`",
+     {"reshard_after_forward": False, "sharding_strategy": "SHARD_GRAD_OP"}),
+    ("fsdp_sharding_strategy", "SHARD_GRAD_OP", "`fsdp_config.reshard_after_forward: false`",
+     {"reshard_after_forward": False}),
+    ("fsdp_reshard_after_forward", False, "`fsdp_config.reshard_after_forward: false`",
+     {"reshard_after_forward": False}),
+    ("fsdp_offload_params", True, "`fsdp_config.offload_params: true`", {"offload_params": True}),
+    ("fsdp_state_dict_type", "FULL_STATE_DICT", "`fsdp_config.state_dict_type: FULL_STATE_DICT`",
+     {"state_dict_type": "FULL_STATE_DICT"}),
+    ("fsdp_auto_wrap_policy", "NO_WRAP", "`fsdp_config.auto_wrap_policy: NO_WRAP`", {"auto_wrap_policy": "NO_WRAP"}),
+    ("fsdp_transformer_layer_cls_to_wrap", "LlamaDecoderLayer",
+     "`fsdp_config.transformer_layer_cls_to_wrap: LlamaDecoderLayer`", {"layer_classes": ("LlamaDecoderLayer",)}),
+    ("fsdp_cpu_ram_efficient_loading", True, "`fsdp_config.cpu_ram_efficient_loading: true`",
+     {"cpu_ram_efficient_loading": True}),
+    ("fsdp_activation_checkpointing", True, "`fsdp_config.activation_checkpointing: true`",
+     {"activation_checkpointing": True}),
+    ("fsdp_use_orig_params", False, "no FSDP2 meaning", {"use_orig_params": True}),
+    ("fsdp_sync_module_states", True, "no FSDP2 meaning", {}),
+    ("fsdp_limit_all_gathers", True, "no FSDP2 meaning", {}),
+    ("fsdp_backward_prefetch", "BACKWARD_PRE", "no FSDP2 meaning", {}),
+    ("fsdp_forward_prefetch", True, "no FSDP2 meaning", {"forward_prefetch": False}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "spelling", "resolved"), TRANSLATED, ids=[f"{c[0]}-{c[1]}" for c in TRANSLATED]
+)
+def test_each_fsdp1_spelling_under_fsdp2_translates_with_one_note(
+    name, value, spelling, resolved, write, capsys
+) -> None:
+    config = write(fsdp_version=2, fsdp_config={name: value})
+    code, out, err = run_cli(capsys, "check", config)
+    assert code == 0, err
+    (note,) = [line for line in out.splitlines() if line.startswith("warning: fsdp")]
+    assert note.startswith(f"warning: fsdp_config.{name}: FSDP1 ") and spelling in note, note
+    options = options_of(config)
+    assert {k: getattr(options, k) for k in resolved} == resolved and options.version == 2
+
+
+@pytest.mark.parametrize("inner", ["fsdp_version", "version"])
+def test_fsdp_version_inside_fsdp_config_is_the_top_level_key(inner: str, write, capsys) -> None:
+    config = write(fsdp_config={inner: 2, "sharding_strategy": "FULL_SHARD", "offload_params": False})
+    code, out, err = run_cli(capsys, "check", config)
+    assert code == 0, err
+    notes = [line for line in out.splitlines() if line.startswith("warning: fsdp")]
+    assert len(notes) == 2 and "not set, so FSDP1" not in out, notes
+    assert f"warning: fsdp_config.{inner}: read as the top-level `fsdp_version: 2`" in notes[0]
+    assert notes[1].startswith("warning: fsdp_config.sharding_strategy: FSDP1 spelling under fsdp_version: 2")
+    assert options_of(config) == FsdpOptions(version=2)
+    same = write(fsdp_version=2, fsdp_config={inner: 2})
+    code, out, err = run_cli(capsys, "check", same)
+    assert code == 0 and f"warning: fsdp_config.{inner}: repeats fsdp_version: 2; remove it" in out, out + err
+
+
+def test_axolotl_fsdp2_example_config_passes_with_one_note_per_fsdp1_key(sets: list[str], capsys) -> None:
+    """The shape of Axolotl's FSDP2 examples: the version inside fsdp_config, FSDP1 prefixes, FSDP1 tuning keys."""
+    code, out, err = run_cli(capsys, "check", HERE / "fixtures" / "axolotl_fsdp2.yaml", *sets)
+    assert code == 0, err
+    notes = sorted(line.split(":")[1].strip() for line in out.splitlines() if line.startswith("warning: fsdp"))
+    assert notes == [
+        "fsdp_config.fsdp_limit_all_gathers",
+        "fsdp_config.fsdp_sync_module_states",
+        "fsdp_config.fsdp_use_orig_params",
+        "fsdp_config.fsdp_version",
+        "fsdp_config.sharding_strategy",
+    ], out
+    options = options_of(HERE / "fixtures" / "axolotl_fsdp2.yaml", *sets[1::2])
+    assert options == options_of(SEED / "fsdp2.yaml", *sets[1::2])
+
+
+def test_migrate_moves_the_inner_version_to_the_top_level(tmp_path: Path, sets: list[str], capsys) -> None:
+    config = tmp_path / "axolotl_fsdp2.yaml"
+    shutil.copy(HERE / "fixtures" / "axolotl_fsdp2.yaml", config)
+    code, out, err = run_cli(capsys, "migrate", config)
+    assert code == 0 and "fsdp_config.fsdp_version: moved to the top level" in out, out + err
+    migrated = yaml.safe_load(config.read_text())
+    assert migrated["fsdp_version"] == 2 and "fsdp_version" not in migrated["fsdp_config"]
+    code, out, err = run_cli(capsys, "check", config, *sets)
+    assert code == 0 and "warning" not in out, out + err
 
 
 def test_hybrid_shard_with_replicas_and_the_list_form_are_notes(write, capsys) -> None:
