@@ -149,10 +149,14 @@ def test_fsdp1_matches_one_process(root: Path, strategy: str) -> None:
         resume_matches(root, run, 2)
 
 
-@pytest.mark.parametrize("seed_config", ["fsdp1.yaml", "fsdp2.yaml"])
-def test_seed_config_trains(root: Path, seed_config: str) -> None:
-    """Axolotl-style FSDP configs with a tiny local model and dataset: bf16 mixed precision, 2 ranks, 2 steps."""
-    out = root / f"seed-{seed_config}"
+AXOLOTL_FSDP2 = Path(__file__).resolve().parent / "fixtures" / "axolotl_fsdp2.yaml"
+
+
+@pytest.mark.parametrize("config", [SEED / "fsdp1.yaml", SEED / "fsdp2.yaml", AXOLOTL_FSDP2], ids=lambda p: p.name)
+def test_seed_config_trains(root: Path, config: Path) -> None:
+    """Axolotl-style FSDP configs with a tiny local model and dataset: bf16 mixed precision, 2 ranks, 2 steps
+    (axolotl_fsdp2.yaml: fsdp_version and sharding_strategy: FULL_SHARD inside fsdp_config)."""
+    out = root / f"seed-{config.name}"
     overrides = {
         "base_model": root / "model",
         "random_init_weights": "true",
@@ -162,7 +166,7 @@ def test_seed_config_trains(root: Path, seed_config: str) -> None:
         "max_steps": 2,
     }
     sets = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
-    done = ktrain("run", str(SEED / seed_config), "--nproc-per-node", "2", *sets)
+    done = ktrain("run", str(config), "--nproc-per-node", "2", *sets)
     assert done.returncode == 0, done.stderr[-3000:]
     losses = records(out)
     assert sorted(losses) == [1, 2] and all(0 < loss < 10 for loss in losses.values())
