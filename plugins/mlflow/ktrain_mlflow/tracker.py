@@ -3,21 +3,21 @@
 ``MlflowTracker`` is the runtime object (activated by the entry module in tracked runs). It registers the
 ``mlflow`` metric sink, which the kernel opens on rank 0 only, and copies checkpoints and the final model
 into the run's artifacts (``hf_mlflow_log_artifacts``). A resumed run continues the MLflow run whose id
-the run directory keeps (``ktrain_mlflow.record``). MLflow failing (a bad URI, a server that does not
-answer) costs one warning: the sink stops, training goes on, and metrics.jsonl, written before any sink,
-has every record.
+the run directory keeps (``ktrain.run.tracking``, as ``tracking/mlflow.json``, its last step written after
+every logged step) and sends no step that run holds. The kernel guards the sink: MLflow failing (a bad
+URI, a server that does not answer) costs one warning, the sink is dropped, training goes on, and
+metrics.jsonl has every record.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from ktrain import hookimpl
-from ktrain_mlflow.record import Record
+from ktrain.run.tracking import TrackerRecord
 
 PARAMS_PER_BATCH = 100  # MLflow's limit of parameters in one log_batch
 PARAM_LENGTH = 6000  # MLflow's limit of a parameter's value
@@ -38,114 +38,67 @@ def numbers(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 class MlflowSink:
-    """One MLflow run of one ktrain run, on rank 0; every call after a failure is a no-op."""
+    """One MLflow run of one ktrain run, on rank 0."""
 
-    def __init__(self, output_dir: Path):
-        self.output_dir = output_dir
-        self.client: Any = None
-        self.record: Record | None = None
-        self.floor = -1  # steps at or below it are in the MLflow run already
-        self.failed = False
-
-    def fail(self, error: BaseException) -> None:
-        """Warn once and stop logging to MLflow."""
-        if not self.failed:
-            self.failed = True
-            print(
-                f"ktrain-plugin-mlflow: MLflow stopped logging this run ({type(error).__name__}: {error}); "
-                "training goes on and metrics.jsonl has every metric",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def open(self, run: Any) -> None:
+    def __init__(self, run: Any):
         """Continue the MLflow run the run directory names, or start one in the experiment and log the config."""
         from mlflow import MlflowClient
         from mlflow.entities import Param
 
         config = run.config
         self.client = MlflowClient(tracking_uri=config.mlflow_tracking_uri)
-        kept = Record.read(self.output_dir)
-        if kept is not None:
-            self.client.update_run(kept.run_id, status="RUNNING")
-            self.record, self.floor = kept, kept.step
+        self.record = TrackerRecord.read(run.output_dir, "mlflow")
+        if self.record.found:
+            self.client.update_run(self.record.run_id, status="RUNNING")
             return
         name = config.mlflow_experiment_name or "Default"
         experiment = self.client.get_experiment_by_name(name)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
-        run_id = self.client.create_run(experiment_id, run_name=config.mlflow_run_name).info.run_id
-        self.record = Record(run_id=run_id)
-        self.record.write(self.output_dir)
+        self.record.start(self.client.create_run(experiment_id, run_name=config.mlflow_run_name).info.run_id)
+        self.record.write()
         logged = [Param(k, v) for k, v in params(config.to_dict()).items()]
         for start in range(0, len(logged), PARAMS_PER_BATCH):
-            self.client.log_batch(run_id, params=logged[start : start + PARAMS_PER_BATCH])
+            self.client.log_batch(self.record.run_id, params=logged[start : start + PARAMS_PER_BATCH])
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         """Log ``metrics`` at ``step``, unless the MLflow run has that step from before a resume."""
-        if self.failed or step <= self.floor:
+        if self.record.holds(step):
             return
-        try:
-            from mlflow.entities import Metric
+        from mlflow.entities import Metric
 
-            now = int(time.time() * 1000)
-            batch = [Metric(k, v, now, step) for k, v in numbers(metrics).items()]
-            self.client.log_batch(self.record.run_id, metrics=batch)
-            if step != self.record.step:
-                self.record.step = step
-                self.record.write(self.output_dir)
-        except Exception as e:
-            self.fail(e)
+        now = int(time.time() * 1000)
+        batch = [Metric(k, v, now, step) for k, v in numbers(metrics).items()]
+        self.client.log_batch(self.record.run_id, metrics=batch)
+        if step != self.record.step:
+            self.record.step = step
+            self.record.write()
 
     def log_folder(self, path: Path) -> None:
         """Copy the folder ``path`` into the run's artifacts, under its name."""
-        if self.failed:
-            return
-        try:
-            self.client.log_artifacts(self.record.run_id, str(path), artifact_path=path.name)
-        except Exception as e:
-            self.fail(e)
+        self.client.log_artifacts(self.record.run_id, str(path), artifact_path=path.name)
 
     def close(self) -> None:
         """Mark the MLflow run finished (a resume marks it running again)."""
-        if self.failed:
-            return
-        try:
-            self.client.set_terminated(self.record.run_id)
-        except Exception as e:
-            self.fail(e)
+        self.client.set_terminated(self.record.run_id)
 
 
 class MlflowTracker:
     """The runtime object of a tracked run: the ``mlflow`` metric sink and the artifacts."""
 
-    def __init__(self) -> None:
-        self.sink: MlflowSink | None = None
-
     @hookimpl
     def ktrain_register_metric_sinks(self, register: Any) -> None:
         """The ``mlflow`` sink; the kernel opens it on rank 0 only."""
-        register("mlflow", self.open_sink)
-
-    def open_sink(self, run: Any) -> MlflowSink | None:
-        """Open the MLflow run for ``run``; None (after one warning) when MLflow cannot."""
-        sink = MlflowSink(run.output_dir)
-        try:
-            sink.open(run)
-        except Exception as e:
-            sink.fail(e)
-            return None
-        self.sink = sink
-        return sink
+        register("mlflow", MlflowSink)
 
     @hookimpl
     def ktrain_on_checkpoint_saved(self, run: Any, step: int, path: Path) -> None:
         """``hf_mlflow_log_artifacts``: each committed checkpoint, into the artifacts."""
-        if self.sink is not None and run.config.hf_mlflow_log_artifacts:
-            self.sink.log_folder(path)
+        if run.config.hf_mlflow_log_artifacts:
+            run.log.send("mlflow", "log_artifacts", lambda sink: sink.log_folder(path))
 
     @hookimpl
     def ktrain_on_train_end(self, run: Any, engine: Any, metrics: dict[str, float]) -> None:
         """``hf_mlflow_log_artifacts``: the exported model, into the artifacts."""
         final = run.output_dir / "final"
-        if self.sink is not None and run.config.hf_mlflow_log_artifacts and final.is_dir():
-            self.sink.log_folder(final)
+        if run.config.hf_mlflow_log_artifacts and final.is_dir():
+            run.log.send("mlflow", "log_artifacts", lambda sink: sink.log_folder(final))

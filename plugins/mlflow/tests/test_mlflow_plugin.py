@@ -100,8 +100,9 @@ def test_a_bad_tracking_uri_warns_once_and_the_run_finishes(ktrain_project: Ktra
     config = ktrain_project.config(mlflow_tracking_uri="nosuchscheme://nowhere", max_steps=3)
     done = ktrain_project.ktrain("run", str(config))
     assert done.returncode == 0, done.stderr[-3000:]
-    warnings = [line for line in done.stderr.splitlines() if line.startswith("ktrain-plugin-mlflow:")]
-    assert len(warnings) == 1 and "training goes on" in warnings[0], done.stderr[-3000:]
+    warnings = [line for line in done.stderr.splitlines() if "metric sink 'mlflow'" in line]
+    assert len(warnings) == 1 and "(ktrain-plugin-mlflow " in warnings[0], done.stderr[-3000:]
+    assert warnings[0].startswith("ktrain: warning: ") and "training goes on" in warnings[0], warnings
     assert sorted(records(ktrain_project.root / "runs" / "run", "loss")) == [1, 2, 3]
 
 
