@@ -1,0 +1,1 @@
+"""ktrain-plugin-optimizers: Axolotl's low-memory optimizer names over bitsandbytes and torchao."""
