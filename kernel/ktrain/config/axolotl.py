@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from ktrain.config.axolotl_keys import ACCEPTED, INTEGRATIONS, UNSUPPORTED
+from ktrain.config.axolotl_keys import ACCEPTED, INTEGRATIONS, OPTIMIZER_PLUGINS, UNSUPPORTED
 from ktrain.config.install import install_command
 from ktrain.config.keys import PLUGIN_KEYS
 from ktrain.config.report import Report
@@ -31,6 +31,15 @@ def classify(name: str) -> tuple[str, str] | None:
     """``("accepted" | "unsupported", reason)`` of a catalogued key that no section owns (nested keys as
     ``datasets[].name``), or None for a key outside the catalogue."""
     return _CLASS.get(name)
+
+
+def missing_optimizer(name: str) -> str | None:
+    """The error for an ``optimizer`` value that no installed plugin registers and a first-party plugin does:
+    the plugin and its install command. None for any other name."""
+    for distribution, names in OPTIMIZER_PLUGINS.items():
+        if name in names:
+            return f"'{name}' is registered by {distribution}, not installed: `{install_command(distribution)}`"
+    return None
 
 
 def sift(data: dict[Any, Any], sections: dict[str, type], report: Report, installed: set[str]) -> dict[Any, Any]:

@@ -1118,6 +1118,25 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "saving at step 1 is not supported; checkpoints follow save_steps or saves_per_epoch": ("save_first_step",),
 }
 
+# Axolotl's ``optimizer`` values that a first-party plugin registers, by the distribution that registers them:
+# ``ktrain check`` names the plugin to install when a config asks for one and the plugin is not installed.
+OPTIMIZER_PLUGINS: dict[str, tuple[str, ...]] = {
+    "ktrain-plugin-optimizers": (
+        "adamw_bnb_8bit",
+        "adamw_8bit",
+        "paged_adamw_8bit",
+        "paged_adamw_32bit",
+        "lion_8bit",
+        "lion_32bit",
+        "paged_lion_8bit",
+        "paged_lion_32bit",
+        "adamw_torch_8bit",
+        "adamw_torch_4bit",
+        "ao_adamw_8bit",
+        "ao_adamw_4bit",
+    ),
+}
+
 # Axolotl's integrations (``plugins:`` entries ``axolotl.integrations.<module>.<Class>``), by module: the ktrain
 # distribution that does the same job, or None and what the integration is.
 INTEGRATIONS: dict[str, tuple[str | None, str]] = {

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import attrs
 
+from ktrain.config.axolotl import missing_optimizer
 from ktrain.config.install import install_command
 from ktrain.config.launch import Launch
 from ktrain.config.load import Section, read_config
@@ -99,7 +100,8 @@ def prepare(
     schedulers = collect(plugins, "ktrain_register_lr_schedulers", "lr scheduler")
     formats = collect(plugins, "ktrain_register_dataset_formats", "dataset format")
     if config.optimizer not in optimizers:
-        report.error("optimizer", optimizers.unknown(config.optimizer, "optimizer"))
+        missing = missing_optimizer(config.optimizer)
+        report.error("optimizer", missing or optimizers.unknown(config.optimizer, "optimizer"))
     if config.lr_scheduler not in schedulers:
         report.error("lr_scheduler", schedulers.unknown(config.lr_scheduler, "lr_scheduler"))
     for i, entry in enumerate(config.datasets):
