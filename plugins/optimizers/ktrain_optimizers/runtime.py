@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from ktrain import hookimpl
 from ktrain_optimizers.keys import class_name, library
 
 
@@ -34,18 +33,3 @@ def build(name: str, params: Any, config: Any) -> torch.optim.Optimizer:
     if library(name) == "torchao":
         _allow_torchao_states()
     return cls(params, **kwargs)
-
-
-class OptimizerNote:
-    """Active when ``optimizer`` is one of the plugin's names: rank 0 prints the library class it trains with."""
-
-    def __init__(self, config: Any):
-        self.config = config
-
-    @hookimpl
-    def ktrain_on_train_start(self, run: Any, engine: Any) -> None:
-        """Print ``optimizers: NAME is LIBRARY.optim.CLASS`` once, from the main rank."""
-        if run.is_main:
-            cls = type(engine.optimizer)
-            where = f"{cls.__module__.split('.')[0]}.optim.{cls.__name__}"
-            print(f"optimizers: {self.config.optimizer} is {where}", flush=True)

@@ -49,6 +49,20 @@ def test_the_kernel_catalogue_names_this_plugin_for_its_names() -> None:
     assert missing_optimizer("adamw_nonesuch") is None
 
 
+def test_check_imports_neither_torch_nor_the_libraries(project: KtrainProject) -> None:
+    config = project.config(optimizer="adamw_torch_8bit")
+    code = (
+        "import sys; from ktrain.config.plan import prepare; "
+        f"plan = prepare({str(config)!r}); "
+        "print(sorted(m for m in ('torch', 'bitsandbytes', 'torchao') if m in sys.modules)); "
+        "print([a.plugin.distribution for a in plan.plugins.activations])"
+    )
+    done = project.python("-c", code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[0] == "[]"
+    assert "ktrain-plugin-optimizers" in done.stdout.splitlines()[1]
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_trains_with_the_library_state_and_resumes_exactly(project: KtrainProject, name: str) -> None:
     printed, is_library_state = CASES[name]
