@@ -1,44 +1,27 @@
-"""Fixtures shared by the kernel's tests: a tiny local model folder and a tiny chat dataset."""
+"""Fixtures shared by the repository's tests, over ``ktrain.testing``'s tiny model and data: a model folder,
+a two-row chat dataset and a config writer for tests that check configs in process."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
+from ktrain.testing import write_chat_dataset, write_model_dir
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A local HF model folder (config.json and random weights of a tiny Llama) that ``base_model`` can point at."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
+    """``ktrain.testing``'s tiny Llama folder with seeded random weights saved in it (``base_model`` loads them)."""
+    return write_model_dir(tmp_path_factory.mktemp("tiny-llama"), weights=True)
 
 
 @pytest.fixture(scope="session")
 def tiny_chat_jsonl(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A two-row jsonl file in the ``chat_template`` format (a ``messages`` list per row)."""
-    path = tmp_path_factory.mktemp("data") / "chat.jsonl"
-    rows = [
-        {"messages": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}]},
-        {"messages": [{"role": "user", "content": "What is 3+5?"}, {"role": "assistant", "content": "8"}]},
-    ]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
+    """A two-row jsonl file of ``ktrain.testing``'s arithmetic chat rows (``type: chat_template``)."""
+    return write_chat_dataset(tmp_path_factory.mktemp("data") / "chat.jsonl", count=2)
 
 
 @pytest.fixture

@@ -21,7 +21,8 @@ import yaml
 
 from ktrain.bench.command import bench_plan
 from ktrain.run.metrics import flops_per_token, non_embedding_params
-from tests.kit import REPO, dataset, ktrain, model_dir, write_config
+from ktrain.testing import dataset, ktrain, model_dir, write_config
+from tests.kit import REPO
 
 SHAPE = {  # tests.kit.model_dir's Llama: hidden 64, 2 layers, 4 heads of 16, 2 KV heads, intermediate 128
     "hidden": 64,

@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from ktrain.bench.rows import SyntheticRows
-from tests.kit import ktrain, model_dir, write_config
+from ktrain.testing import ktrain, model_dir, write_config
 from tests.test_bench import bench_json
 
 MICRO, ACCUMULATION, SEQUENCE, SEED, VOCAB = 2, 2, 32, 7, 100

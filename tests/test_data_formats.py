@@ -19,7 +19,7 @@ from ktrain.config.plan import prepare
 from ktrain.data import cache, templates
 from ktrain.data.formats import ALPACA_PROMPT, IGNORE
 from ktrain.data.reading import DataError
-from tests.kit import model_dir
+from ktrain.testing import model_dir
 
 USER, ASSISTANT = "<|im_start|>user\n", "<|im_start|>assistant\n"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ktrain.cli import EXIT_BAD_INPUT, EXIT_OK, main
-from tests.kit import dataset, ktrain, model_dir, write_config
+from ktrain.testing import dataset, ktrain, model_dir, write_config
 
 HUB_ID = "ktrain-tests/tiny-chat"
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")

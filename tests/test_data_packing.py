@@ -15,7 +15,7 @@ from ktrain.data import packing
 from ktrain.data.batches import collate, row_trained
 from ktrain.data.examples import Example
 from ktrain.data.formats import IGNORE
-from tests.kit import model_dir
+from ktrain.testing import model_dir
 
 LENGTH = 96
 

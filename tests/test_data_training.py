@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ktrain.cli import main
-from tests.kit import dataset, ktrain, model_dir, records, write_config
+from ktrain.testing import dataset, ktrain, model_dir, read_metrics, write_config
 
 
 def _cut_after(run_dir: Path, step: int, last: int) -> None:
@@ -49,16 +49,17 @@ def test_packed_two_ranks_match_one_and_resume_is_exact(root: Path) -> None:
     done = ktrain("run", str(one))
     assert done.returncode == 0, done.stderr
     assert "cache hit" in done.stdout
-    a, b = records(root / "one"), records(root / "two")
+    a, b = read_metrics(root / "one"), read_metrics(root / "two")
     assert a.keys() == b.keys() == {1, 2, 3, 4}
     for step in a:
         assert b[step] == pytest.approx(a[step], rel=1e-5), step
-    assert records(root / "two", "eval_loss")[4] == pytest.approx(records(root / "one", "eval_loss")[4], rel=1e-5)
-    whole = records(root / "one")
+    eval_one, eval_two = (read_metrics(root / run, "eval_loss")[4] for run in ("one", "two"))
+    assert eval_two == pytest.approx(eval_one, rel=1e-5)
+    whole = read_metrics(root / "one")
     _cut_after(root / "one", 2, 4)
     resumed = ktrain("run", str(one), "--resume")
     assert resumed.returncode == 0, resumed.stderr
-    assert records(root / "one") == whole
+    assert read_metrics(root / "one") == whole
 
 
 def test_pretraining_stream_on_two_ranks_resumes_exactly(root: Path) -> None:
@@ -80,12 +81,12 @@ def test_pretraining_stream_on_two_ranks_resumes_exactly(root: Path) -> None:
     done = ktrain("run", str(config), "--nproc-per-node", "2")
     assert done.returncode == 0, done.stderr
     assert "pretraining_dataset streamed" in done.stdout
-    whole = records(root / "out")
-    assert whole.keys() == {1, 2, 3, 4} and 4 in records(root / "out", "eval_loss")
+    whole = read_metrics(root / "out")
+    assert whole.keys() == {1, 2, 3, 4} and 4 in read_metrics(root / "out", "eval_loss")
     _cut_after(root / "out", 2, 4)
     resumed = ktrain("run", str(config), "--resume", "--nproc-per-node", "2")
     assert resumed.returncode == 0, resumed.stderr
-    assert records(root / "out") == whole
+    assert read_metrics(root / "out") == whole
 
 
 def test_preprocess_cache_hit_and_miss_and_check_only(root: Path, capsys: pytest.CaptureFixture) -> None:

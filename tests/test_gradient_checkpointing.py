@@ -15,7 +15,7 @@ import transformers
 
 from ktrain.builtin.checkpointing import Recompute, apply_checkpointing
 from ktrain.config.plan import load_plugins_and_config
-from tests.kit import model_dir
+from ktrain.testing import model_dir
 
 
 def _config(tiny_config, setting: object) -> object:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ktrain.builtin.master_weights import MasterWeightAdamW
-from tests.kit import dataset, ktrain, model_dir, write_config
+from ktrain.testing import dataset, ktrain, model_dir, write_config
 
 
 def _pair(seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.kit import REPO, model_dir, write_config
+from ktrain.testing import model_dir, write_config
+from tests.kit import REPO
 
 TOOL = REPO / "tools" / "device" / "multi_gpu.py"
 

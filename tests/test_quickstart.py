@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.kit import REPO, ktrain, records
+from ktrain.testing import ktrain, read_metrics
+from tests.kit import REPO
 
 
 def test_quickstart_learns_arithmetic(tmp_path: Path) -> None:
     out = tmp_path / "quickstart"
     done = ktrain("run", str(REPO / "configs" / "quickstart.yaml"), "--set", f"output_dir={out}", timeout=1800)
     assert done.returncode == 0, done.stderr
-    accuracy = records(out, "exact_match")
+    accuracy = read_metrics(out, "exact_match")
     before, after = accuracy[0], max(accuracy.values())
     # measured: 0.0 -> 0.78 (156/200) with this config at 1dcd3f4 and later; tools/quickstart/tune.py, a plain
     # PyTorch loop with other settings, reached 0.995
@@ -37,7 +38,7 @@ def test_quickstart_first_losses_match_the_stored_curve(tmp_path: Path) -> None:
     sets = [arg for item in [*GOLDEN_OVERRIDES, f"output_dir={out}"] for arg in ("--set", item)]
     done = ktrain("run", str(REPO / "configs" / "quickstart.yaml"), *sets, timeout=600)
     assert done.returncode == 0, done.stderr
-    losses = [records(out)[step] for step in range(1, 21)]
+    losses = [read_metrics(out)[step] for step in range(1, 21)]
     if os.environ.get("KTRAIN_UPDATE_GOLDEN"):
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(json.dumps({"overrides": GOLDEN_OVERRIDES, "losses": losses}, indent=1) + "\n")

@@ -15,7 +15,8 @@ import pytest
 import torch
 import transformers
 
-from tests.kit import REPO, dataset, ktrain, model_dir, records
+from ktrain.testing import dataset, ktrain, model_dir, read_metrics
+from tests.kit import REPO
 
 SEED = REPO / "tests" / "fixtures" / "seed"
 MESHES = {  # config: the mesh sizes of a 2-rank run (the rest of the ranks the file names are not here)
@@ -84,7 +85,7 @@ def test_config_trains_on_two_ranks(name: str, root: Path, tmp_path: Path, monke
     done = ktrain("run", str(config), *_sets(root, name), "--nproc-per-node", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     out = tmp_path / "outputs" / config.stem
-    losses = records(out)
+    losses = read_metrics(out)
     assert max(losses) == 2 and all(math.isfinite(v) and 0 < v < 10 for v in losses.values()), losses
     assert (out / "final").is_dir()
 

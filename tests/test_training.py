@@ -12,7 +12,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from tests.kit import dataset, ktrain, model_dir, records, write_config
+from ktrain.testing import dataset, ktrain, model_dir, read_metrics, write_config
 
 
 def _digest(path: Path) -> str:
@@ -30,11 +30,11 @@ def test_loss_falls_and_export_loads(root: Path) -> None:
     config = write_config(root, max_steps=25, val_set_size=40, eval_steps=25)
     done = ktrain("run", str(config))
     assert done.returncode == 0, done.stderr
-    losses = records(root / "out")
+    losses = read_metrics(root / "out")
     assert len(losses) == 25
     first, last = losses[1], sum(losses[s] for s in (23, 24, 25)) / 3
     assert last < 0.6 * first, losses
-    assert records(root / "out", "eval_loss")[25] < first
+    assert read_metrics(root / "out", "eval_loss")[25] < first
     model = transformers.AutoModelForCausalLM.from_pretrained(root / "out" / "final")
     tokenizer = transformers.AutoTokenizer.from_pretrained(root / "out" / "final")
     ids = torch.tensor([tokenizer("What is 2+2?")["input_ids"]])
@@ -48,7 +48,7 @@ def test_pure_bf16_keeps_weights_and_optimizer_states_in_bf16(root: Path) -> Non
     config = write_config(root, bfloat16=True, max_steps=20, save_steps=20)
     done = ktrain("run", str(config))
     assert done.returncode == 0, done.stderr
-    losses = records(root / "out")
+    losses = read_metrics(root / "out")
     assert sum(losses[s] for s in (18, 19, 20)) / 3 < 0.7 * losses[1], losses
     checkpoint = root / "out" / "checkpoints" / "step-00000020"
     assert {t.dtype for t in load_file(checkpoint / "model.safetensors").values()} == {torch.bfloat16}
@@ -75,7 +75,7 @@ def test_a_run_learns_keeps_fp32_masters_and_resumes_exactly(root: Path) -> None
     config = write_config(root, bfloat16=True, optimizer="adamw_fp32_master", max_steps=8, save_steps=4)
     whole = ktrain("run", str(config))
     assert whole.returncode == 0, whole.stderr
-    losses = records(root / "out")
+    losses = read_metrics(root / "out")
     assert losses[8] < 0.8 * losses[1], losses
     checkpoint = root / "out" / "checkpoints" / "step-00000004"
     assert {t.dtype for t in load_file(checkpoint / "model.safetensors").values()} == {torch.bfloat16}
@@ -84,7 +84,7 @@ def test_a_run_learns_keeps_fp32_masters_and_resumes_exactly(root: Path) -> None
     one_go = _killed_after_step_4(root, last_checkpoint="step-00000008")
     resumed = ktrain("run", str(config), "--resume")
     assert resumed.returncode == 0, resumed.stderr
-    assert records(root / "out") == records(one_go)
+    assert read_metrics(root / "out") == read_metrics(one_go)
     final, again = (load_file(d / "final" / "model.safetensors") for d in (root / "out", one_go))
     assert final.keys() == again.keys() and all(torch.equal(final[k], again[k]) for k in final)
 
@@ -99,7 +99,7 @@ def test_resume_is_exact(root: Path) -> None:
     resumed = ktrain("run", str(config), "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout
-    assert records(root / "out") == records(one_go)
+    assert read_metrics(root / "out") == read_metrics(one_go)
     assert _digest(root / "out" / "final" / "model.safetensors") == _digest(one_go / "final" / "model.safetensors")
     exported = ktrain("export", str(root / "out"))  # the last checkpoint, step 6, is the final model
     assert exported.returncode == 0, exported.stderr
@@ -120,7 +120,7 @@ def test_sigkill_during_save_keeps_previous_checkpoint(root: Path) -> None:
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000002", "step-00000004", "step-00000006"]
     uninterrupted = write_config(root, "clean.yaml", max_steps=6, save_steps=2, output_dir=str(root / "clean"))
     assert ktrain("run", str(uninterrupted)).returncode == 0
-    assert records(root / "out") == records(root / "clean")
+    assert read_metrics(root / "out") == read_metrics(root / "clean")
 
 
 def test_ddp_two_ranks_match_one(root: Path) -> None:
@@ -131,7 +131,7 @@ def test_ddp_two_ranks_match_one(root: Path) -> None:
     assert ktrain("run", str(one)).returncode == 0
     done = ktrain("run", str(two), "--nproc-per-node", "2")
     assert done.returncode == 0, done.stderr
-    a, b = records(root / "one"), records(root / "two")
+    a, b = read_metrics(root / "one"), read_metrics(root / "two")
     assert a.keys() == b.keys() == set(range(1, 7))
     for step in a:  # fp32; only the order of the gradient sums differs
         assert b[step] == pytest.approx(a[step], rel=1e-5), step

@@ -8,7 +8,7 @@ from pathlib import Path
 import transformers
 
 from ktrain.cli import main
-from tests.kit import dataset, ktrain, model_dir, write_config
+from ktrain.testing import dataset, ktrain, model_dir, write_config
 
 
 def test_new_special_and_plain_tokens_grow_the_embeddings_and_are_exported(tmp_path: Path) -> None:

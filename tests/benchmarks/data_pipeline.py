@@ -157,7 +157,7 @@ def train(work: Path, steps: int) -> None:
     from ktrain.config.plan import prepare
     from ktrain.data import cache, packing
     from ktrain.data.batches import BatchPlan
-    from tests.kit import model_dir, write_config
+    from ktrain.testing import model_dir, write_config
 
     small = alpaca_rows(4000, seed=1, scale=0.2)
     (work / "alpaca.jsonl").write_text("".join(json.dumps(r) + "\n" for r in small))
@@ -228,7 +228,7 @@ def tokenize(work: Path, samples: int) -> None:
 
 def check_example(work: Path) -> None:
     """What docs/data.md shows: ``--check-only`` on the first 200 quickstart rows, packed into rows of 256."""
-    from tests.kit import dataset, ktrain, write_config
+    from ktrain.testing import dataset, ktrain, write_config
 
     dataset(work, 200)
     config = write_config(work, "check.yaml", sequence_len=256, sample_packing=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ktrain.run.checkpoints import committed_checkpoints, verify
-from tests.kit import dataset, model_dir, records, write_config
+from ktrain.testing import dataset, model_dir, read_metrics, write_config
 from tests.reliability.kit import KEYS, checkpoints, digest, run, same_state
 
 pytest.importorskip("ktrain_deepspeed")
@@ -32,7 +32,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def assert_same_run(run_dir: Path, reference: Path) -> None:
-    assert records(run_dir) == records(reference)
+    assert read_metrics(run_dir) == read_metrics(reference)
     assert digest(run_dir / "final" / "model.safetensors") == digest(reference / "final" / "model.safetensors")
     assert same_state(run_dir / "checkpoints" / "step-00000004", reference / "checkpoints" / "step-00000004")
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from ktrain.run.checkpoints import committed_checkpoints, verify
-from tests.kit import dataset, model_dir, records, write_config
+from ktrain.testing import dataset, model_dir, read_metrics, write_config
 from tests.reliability.kit import KEYS, checkpoints, digest, malicious_pickle, run, same_state
 
 pytest.importorskip("ktrain_fsdp")
@@ -53,7 +53,7 @@ def test_killed_in_a_save_then_disk_full_then_resumed_matches(reference: Path) -
     code, log = run("run", str(config), "--resume", *TWO, log=root / "resumed.log")
     assert code == 0, log[-3000:]
     assert "step-00000004 at step 4" in log
-    assert records(out) == records(reference)
+    assert read_metrics(out) == read_metrics(reference)
     assert digest(out / "final" / "model.safetensors") == digest(reference / "final" / "model.safetensors")
     assert same_state(out / "checkpoints" / "step-00000006", reference / "checkpoints" / "step-00000006")
 
@@ -106,7 +106,7 @@ def test_reshard_two_to_one_past_a_malicious_metadata(reference: Path, tmp_path:
     assert code == 0, log[-3000:]
     assert "step-00000004 at step 4" in log and "dp_shard 1" in log
     assert not marker.exists()
-    want, got = records(reference), records(out)
+    want, got = read_metrics(reference), read_metrics(out)
     assert got.keys() == want.keys() and all(got[s] == want[s] for s in (1, 2, 3, 4))
     assert all(got[s] == pytest.approx(want[s], rel=1e-5) for s in (5, 6))  # sums in another order
     a, b = load_file(out / "final" / "model.safetensors"), load_file(reference / "final" / "model.safetensors")

@@ -11,7 +11,7 @@ import pytest
 
 from ktrain.run.checkpoints import committed_checkpoints, verify
 from ktrain.run.manifest import NoSpaceLeft, ensure_space
-from tests.kit import dataset, model_dir, records, write_config
+from ktrain.testing import dataset, model_dir, read_metrics, write_config
 from tests.reliability.kit import KEYS, checkpoints, digest, flip_byte, run, same_state, truncate
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def assert_same_run(run_dir: Path, reference: Path) -> None:
     """Same losses (==), same final weights, same model, optimizer, scheduler and RNG at the last step."""
-    assert records(run_dir) == records(reference)
+    assert read_metrics(run_dir) == read_metrics(reference)
     assert digest(run_dir / "final" / "model.safetensors") == digest(reference / "final" / "model.safetensors")
     last = "checkpoints/step-00000006"
     assert same_state(run_dir / last, reference / last)

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from ktrain.run.checkpoints import verify
-from tests.kit import QUICKSTART, dataset, model_dir, records, write_config
+from ktrain.testing import dataset, model_dir, read_metrics, write_config
+from tests.kit import QUICKSTART
 from tests.reliability.kit import run
 
 TWO = ("--nproc-per-node", "2")
@@ -140,7 +141,7 @@ def test_a_resumed_run_scores_no_step_0_exact_match(root: Path) -> None:
     assert run("run", str(config), log=root / "first.log")[0] == 0
     code, log = run("run", str(config), "--resume", "--set", "max_steps=4", log=root / "resumed.log")
     assert code == 0, log[-3000:]
-    assert sorted(records(root / "out", "exact_match")) == [0, 2, 4]
+    assert sorted(read_metrics(root / "out", "exact_match")) == [0, 2, 4]
     steps = [json.loads(line)["step"] for line in (root / "out" / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(steps)
 

@@ -11,7 +11,7 @@ import pytest
 
 from ktrain.run.checkpoints import committed_checkpoints, verify
 from ktrain.run.directory import WORKER_LOCK_FILE
-from tests.kit import dataset, model_dir, records, write_config
+from ktrain.testing import dataset, model_dir, read_metrics, write_config
 from tests.reliability.kit import PG_TIMEOUT_S, checkpoints, digest, file_hashes, run, same_state, start, wait_unlocked
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def assert_same_run(run_dir: Path, reference: Path) -> None:
-    assert records(run_dir) == records(reference)
+    assert read_metrics(run_dir) == read_metrics(reference)
     assert digest(run_dir / "final" / "model.safetensors") == digest(reference / "final" / "model.safetensors")
     assert same_state(run_dir / "checkpoints" / "step-00000006", reference / "checkpoints" / "step-00000006")
 
@@ -71,7 +71,7 @@ def test_nan_on_one_rank_stops_every_rank_before_the_step(reference: Path) -> No
     assert code == 1
     assert "non-finite loss at step 3 on rank 1: stopped before the optimizer step" in log
     assert checkpoints(root / "nan") == ["step-00000001", "step-00000002"]
-    assert sorted(records(root / "nan")) == [1, 2]
+    assert sorted(read_metrics(root / "nan")) == [1, 2]
 
 
 def test_nan_skip_policy_skips_the_step_on_every_rank(reference: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kit import dataset, ktrain, model_dir, write_config
+from ktrain.testing import dataset, ktrain, model_dir, write_config
 
 TWO = ("--nproc-per-node", "2")
 NOISE = ("FutureWarning", "UserWarning", "DeprecationWarning", "Setting accelerator", "it/s]", "Traceback")

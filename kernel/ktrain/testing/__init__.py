@@ -13,7 +13,11 @@ entry point, so unrelated test suites do not see it. It gives:
   written in the test visible to those processes;
 - ``ktrain_recorder``: a ``HookRecorder`` of the hook calls of the project's runs, rank by rank;
 - ``ShardingConformance``: the conformance suite a sharding plugin subclasses;
-- ``read_metrics(run_dir, key)``: step -> value from a run's metrics.jsonl.
+- ``read_metrics(run_dir, key)``: step -> value from a run's metrics.jsonl;
+- for tests that lay out their own folder: ``model_dir(root, weights=False)`` (the tiny model in
+  ``root/model``), ``dataset(root, rows)`` (``root/train.jsonl``), ``write_config(root, name, **keys)`` and
+  ``ktrain(*args)`` (a fresh process), from ``ktrain.testing.runs``; ``write_model_dir`` and
+  ``write_chat_dataset`` write the model and data anywhere.
 
 PYTEST_DONT_REWRITE: every check of the suite carries its own message, so this package need not be
 rewritten, and a test module that imports it before declaring ``pytest_plugins`` gets no warning.
@@ -30,8 +34,20 @@ from ktrain.testing.conformance import RunCache, ShardingConformance
 from ktrain.testing.project import KtrainProject, install_entry_point, read_metrics
 from ktrain.testing.recorder import ENV as RECORDER_ENV
 from ktrain.testing.recorder import HookRecorder
+from ktrain.testing.runs import dataset, ktrain, model_dir, write_config
 
-__all__ = ["HookRecorder", "KtrainProject", "ShardingConformance", "read_metrics"]
+__all__ = [
+    "HookRecorder",
+    "KtrainProject",
+    "ShardingConformance",
+    "dataset",
+    "ktrain",
+    "model_dir",
+    "read_metrics",
+    "write_chat_dataset",
+    "write_config",
+    "write_model_dir",
+]
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,8 @@
 Nothing is downloaded and no file ships with ktrain: the tokenizer is built with the ``tokenizers``
 library (one token per printable ASCII character, ChatML special tokens and chat template, like the
 quickstart's), the model is a two-layer Llama config trained from random weights
-(``random_init_weights: true``), and the rows are arithmetic questions with their answers.
+(``random_init_weights: true``) or with seeded random weights saved in the folder, and the rows are
+arithmetic questions with their answers (sums; or the quickstart's sums and differences, row for row).
 """
 
 from __future__ import annotations
@@ -81,11 +82,21 @@ def write_tokenizer(folder: Path) -> None:
     )
 
 
-def write_model_dir(folder: Path, **overrides: Any) -> Path:
-    """A local HF model folder: the tokenizer and the tiny Llama's config.json, no weights (``overrides`` change it)."""
+def write_model_dir(folder: Path, *, weights: bool = False, seed: int = 0, **overrides: Any) -> Path:
+    """A local HF model folder: the tokenizer and the tiny Llama's config.json (``overrides`` change it).
+
+    Without ``weights`` a config trains it with ``random_init_weights: true``; with ``weights`` the folder
+    also holds random weights drawn with torch seed ``seed`` (safetensors), which ``base_model`` loads.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     write_tokenizer(folder)
     _dump(folder / "config.json", {**TINY_LLAMA, **overrides})
+    if weights:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
     return folder
 
 
@@ -96,6 +107,23 @@ def arithmetic_rows(count: int, seed: int = 0) -> list[dict[str, Any]]:
     for _ in range(count):
         a, b = rng.randint(10, 99), rng.randint(10, 99)
         messages = [{"role": "user", "content": f"What is {a}+{b}?"}, {"role": "assistant", "content": str(a + b)}]
+        rows.append({"messages": messages})
+    return rows
+
+
+def quickstart_rows(count: int) -> list[dict[str, Any]]:
+    """The first ``count`` training rows of the quickstart's task, those of configs/quickstart/data/train.jsonl.
+
+    The task: ``a+b`` and ``a-b`` for two-digit ``a`` and ``b`` (a difference only where it is not negative),
+    shuffled with seed 1234; the first 200 problems are its held-out test rows, the next 8000 its training rows.
+    """
+    problems = [(a, "+", b) for a in range(10, 100) for b in range(10, 100)]
+    problems += [(a, "-", b) for a in range(10, 100) for b in range(10, a + 1)]
+    random.Random(1234).shuffle(problems)
+    rows = []
+    for a, op, b in problems[200 : 200 + min(count, 8000)]:
+        answer = a + b if op == "+" else a - b
+        messages = [{"role": "user", "content": f"What is {a}{op}{b}?"}, {"role": "assistant", "content": str(answer)}]
         rows.append({"messages": messages})
     return rows
 

@@ -17,8 +17,9 @@ import transformers
 from safetensors import safe_open
 from torch._dynamo.utils import counters
 
+from ktrain.testing import dataset, ktrain, model_dir, write_config
+from ktrain.testing import read_metrics as records
 from ktrain_compile.runtime import BlockCompiler
-from tests.kit import dataset, ktrain, model_dir, records, write_config
 
 TINY = {
     "vocab_size": 100,

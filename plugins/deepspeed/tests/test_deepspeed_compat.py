@@ -14,7 +14,9 @@ import transformers
 import yaml
 from safetensors.torch import load_file
 
-from tests.kit import REPO, dataset, ktrain, model_dir, records, write_config
+from ktrain.testing import dataset, ktrain, model_dir, write_config
+from ktrain.testing import read_metrics as records
+from tests.kit import REPO
 
 FIXTURES = REPO / "tests" / "fixtures"
 BF16_FILES = ["zero3_bf16.json", "zero3_bf16_cpuoffload_params.json", "zero3_bf16_cpuoffload_all.json"]

@@ -15,9 +15,9 @@ import transformers
 import ktrain_fsdp.sharding
 from ktrain.builtin.checkpointing import Recompute, apply_checkpointing, recomputed_blocks
 from ktrain.config.report import ConfigError
+from ktrain.testing import model_dir
 from ktrain_fsdp.options import FsdpOptions
 from ktrain_fsdp.sharding import recompute
-from tests.kit import model_dir
 
 
 def _options(fraction: float = 1.0, scope: str = "block") -> FsdpOptions:

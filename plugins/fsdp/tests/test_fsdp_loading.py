@@ -11,8 +11,8 @@ import torch
 
 import ktrain_fsdp.loading
 from ktrain.config.plan import load_plugins_and_config
+from ktrain.testing import model_dir
 from ktrain_fsdp.loading import RamEfficientLoader
-from tests.kit import model_dir
 
 
 def test_other_ranks_build_rank_0s_model_on_meta(tmp_path: Path, tiny_config) -> None:

@@ -16,7 +16,9 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from tests.kit import REPO, dataset, ktrain, model_dir, records, write_config
+from ktrain.testing import dataset, ktrain, model_dir, write_config
+from ktrain.testing import read_metrics as records
+from tests.kit import REPO
 
 pytestmark = pytest.mark.slow
 TOLERANCE = 1e-5

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ktrain.testing import dataset, ktrain, model_dir, write_config
+from ktrain.testing import read_metrics as records
 from ktrain_fused_loss.linear_cross_entropy import linear_cross_entropy
-from tests.kit import dataset, ktrain, model_dir, records, write_config
 
 
 @pytest.mark.parametrize("chunks", [1, 3])

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.kit import dataset, ktrain, model_dir, records, write_config
+from ktrain.testing import dataset, ktrain, model_dir, write_config
+from ktrain.testing import read_metrics as records
 
 LIGER = {
     "liger_rope": True,

@@ -23,8 +23,8 @@ from ktrain.cli import main
 from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError
 from ktrain.plugins import PluginError
+from ktrain.testing import dataset, ktrain, model_dir, write_config
 from ktrain_liger.patch import patch, unsupported
-from tests.kit import dataset, ktrain, model_dir, write_config
 
 SMALL = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
 SMALL_HEADS = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}

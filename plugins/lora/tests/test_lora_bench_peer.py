@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from tests.kit import REPO, model_dir
+from ktrain.testing import model_dir
+from tests.kit import REPO
 
 SCRIPT = REPO / "plugins" / "lora" / "benchmarks" / "qlora_peer.py"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ktrain.cli import main
-from tests.kit import dataset, ktrain, model_dir, write_config
+from ktrain.testing import dataset, ktrain, model_dir, write_config
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import torch
 import transformers
 from bitsandbytes.functional import has_avx512bf16
 
+from ktrain.testing import model_dir
 from ktrain_lora.adapter import attach
-from tests.kit import model_dir
 
 
 def _qlora(root: Path) -> torch.nn.Module:

@@ -18,7 +18,8 @@ import transformers
 from peft import PeftModel
 from safetensors.torch import load_file
 
-from tests.kit import dataset, ktrain, model_dir, records, write_config
+from ktrain.testing import dataset, ktrain, model_dir, write_config
+from ktrain.testing import read_metrics as records
 
 QLORA = {
     "adapter": "qlora",

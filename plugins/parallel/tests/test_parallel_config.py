@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from ktrain.cli import main
-from tests.kit import REPO, dataset, ktrain, model_dir, write_config
+from ktrain.testing import dataset, ktrain, model_dir, write_config
+from tests.kit import REPO
 
 TP_FSDP = {"tensor_parallel_size": 2, "fsdp_version": 2}
 CASES = {

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.kit import dataset, ktrain, model_dir, records, write_config
+from ktrain.testing import dataset, ktrain, model_dir, write_config
+from ktrain.testing import read_metrics as records
 
 pytestmark = pytest.mark.slow
 TOLERANCE = 1e-5

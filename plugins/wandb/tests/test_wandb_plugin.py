@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from wandb.proto import wandb_internal_pb2
 
-from ktrain.testing import KtrainProject
-from tests.kit import dataset, ktrain, model_dir, records, write_config
+from ktrain.testing import KtrainProject, dataset, ktrain, model_dir, write_config
+from ktrain.testing import read_metrics as records
 
 pytest_plugins = ["ktrain.testing"]
 
