@@ -6,7 +6,7 @@ the master back into the weight move 40 through three kernels. It multiplies eac
 clipping coefficient as it reads it, where clipping would take a pass of 4 bytes a parameter. The
 arithmetic is AdamW's as ``torch.optim.AdamW(fused=True)`` does it (decoupled decay, bias corrections
 from the step count, which the kernel reads from the device so no step waits on the host); results
-agree with it to float32 rounding, not to the bit (tests/test_master_weights.py).
+agree with it to float32 rounding, not to the bit (tests/integration/test_master_weights.py).
 """
 
 from __future__ import annotations

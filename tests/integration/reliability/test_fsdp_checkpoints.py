@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from ktrain.run.checkpoints import committed_checkpoints, verify
 from ktrain.testing import dataset, model_dir, read_metrics, write_config
-from tests.reliability.kit import KEYS, checkpoints, digest, malicious_pickle, run, same_state
+from tests.integration.reliability.kit import KEYS, checkpoints, digest, malicious_pickle, run, same_state
 
 pytest.importorskip("ktrain_fsdp")
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 
 from ktrain.run.checkpoints import committed_checkpoints, verify
 from ktrain.testing import dataset, model_dir, read_metrics, write_config
-from tests.reliability.kit import KEYS, checkpoints, digest, run, same_state
+from tests.integration.reliability.kit import KEYS, checkpoints, digest, run, same_state
 
 pytest.importorskip("ktrain_deepspeed")
 pytestmark = pytest.mark.slow

@@ -1,6 +1,6 @@
 """``optimizer: adamw_fp32_master``: bf16 weights and gradients, fp32 masters and Adam states in the optimizer.
 
-A run with it (learning, fp32 state in the checkpoint, exact resume) is in tests/test_training.py.
+A run with it (learning, fp32 state in the checkpoint, exact resume) is in tests/integration/test_training.py.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import transformers
 
 from ktrain.bench.rows import SyntheticRows
 from ktrain.testing import ktrain, model_dir, write_config
-from tests.test_bench import bench_json
+from tests.integration.test_bench import bench_json
 
 MICRO, ACCUMULATION, SEQUENCE, SEED, VOCAB = 2, 2, 32, 7, 100
 

@@ -19,8 +19,8 @@ import pytest
 
 from ktrain.run.checkpoints import verify
 from ktrain.testing import dataset, model_dir, read_metrics, write_config
+from tests.integration.reliability.kit import run
 from tests.kit import QUICKSTART
-from tests.reliability.kit import run
 
 TWO = ("--nproc-per-node", "2")
 LONG = dict(max_steps=100_000, save_steps=2, save_total_limit=2, logging_steps=10)

@@ -12,7 +12,16 @@ import pytest
 from ktrain.run.checkpoints import committed_checkpoints, verify
 from ktrain.run.directory import WORKER_LOCK_FILE
 from ktrain.testing import dataset, model_dir, read_metrics, write_config
-from tests.reliability.kit import PG_TIMEOUT_S, checkpoints, digest, file_hashes, run, same_state, start, wait_unlocked
+from tests.integration.reliability.kit import (
+    PG_TIMEOUT_S,
+    checkpoints,
+    digest,
+    file_hashes,
+    run,
+    same_state,
+    start,
+    wait_unlocked,
+)
 
 pytestmark = pytest.mark.slow
 TWO = ("--nproc-per-node", "2")

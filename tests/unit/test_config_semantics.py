@@ -1,6 +1,6 @@
 """What the config phase means by null, by a path, by a problem, and what it tells the user to do.
 
-Null is "not set" everywhere; a dataset is a local file or folder or a Hub id (tests/test_data_hub.py), a
+Null is "not set" everywhere; a dataset is a local file or folder or a Hub id (tests/integration/test_data_hub.py), a
 model a local folder with weights or a Hub id; ``check`` refuses what ``run`` would refuse; every stage's
 problems are reported together; a validator's message names its key; install hints are commands that work
 here; ``ktrain keys`` starts with the kernel's keys.

@@ -12,7 +12,7 @@ import pytest
 from ktrain.run.checkpoints import committed_checkpoints, verify
 from ktrain.run.manifest import NoSpaceLeft, ensure_space
 from ktrain.testing import dataset, model_dir, read_metrics, write_config
-from tests.reliability.kit import KEYS, checkpoints, digest, flip_byte, run, same_state, truncate
+from tests.integration.reliability.kit import KEYS, checkpoints, digest, flip_byte, run, same_state, truncate
 
 pytestmark = pytest.mark.slow
 

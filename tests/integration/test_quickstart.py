@@ -26,7 +26,7 @@ def test_quickstart_learns_arithmetic(tmp_path: Path) -> None:
     assert answer.returncode == 0 and answer.stdout.strip().isdigit(), answer
 
 
-GOLDEN = Path(__file__).parent / "golden" / "quickstart_losses.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "quickstart_losses.json"
 # The quick start as written, cut to its first 20 steps (warm-up cut to match), without its exact-match evaluation.
 GOLDEN_OVERRIDES = ["max_steps=20", "warmup_steps=5", "logging_steps=1", "exact_match_eval=null", "val_set_size=0"]
 
