@@ -16,7 +16,7 @@ import torch
 from ktrain_optimizers.keys import class_name, library
 
 
-def _allow_torchao_states() -> None:
+def allow_torchao_states() -> None:
     """Let ``torch.load(weights_only=True)`` rebuild torchao's quantized optimizer states."""
     from torchao.optim.subclass_4bit import OptimState4bit
     from torchao.optim.subclass_8bit import OptimState8bit
@@ -31,5 +31,5 @@ def build(name: str, params: Any, config: Any) -> torch.optim.Optimizer:
     if "Lion" not in cls.__name__:  # Lion has no epsilon
         kwargs["eps"] = config.adam_epsilon
     if library(name) == "torchao":
-        _allow_torchao_states()
+        allow_torchao_states()
     return cls(params, **kwargs)
