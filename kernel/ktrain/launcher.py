@@ -32,12 +32,17 @@ def _plan(args: argparse.Namespace) -> Plan:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"  # what the ranks will use
+    capability = (
+        min(torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())) if device == "cuda" else None
+    )
     requested = args.nproc_per_node * args.nnodes if args.nproc_per_node else None
-    plan = prepare(args.config, args.overrides, world_size=requested, device=device)
+    plan = prepare(args.config, args.overrides, world_size=requested, device=device, capability=capability)
     if requested is None and plan.mesh.world_size == 1:
         gpus = torch.cuda.device_count()
         if gpus > 1:
-            plan = prepare(args.config, args.overrides, world_size=gpus * args.nnodes, device=device)
+            plan = prepare(
+                args.config, args.overrides, world_size=gpus * args.nnodes, device=device, capability=capability
+            )
     if plan.mesh.world_size % args.nnodes:
         raise ConfigError.single(
             "--nnodes", f"the mesh has {plan.mesh.world_size} ranks, which {args.nnodes} machines cannot share evenly"

@@ -13,8 +13,10 @@ class Launch:
 
     ``world_size`` is None when the mesh sizes could not be resolved (the report already says why);
     ``device`` is the device type every rank will use, or None where it is not known (``ktrain check``
-    validates anywhere, without a GPU).
+    validates anywhere, without a GPU); ``capability`` is the lowest CUDA compute capability of the GPUs
+    the ranks will use, ``(major, minor)``, or None off a GPU or where it is not known.
     """
 
     world_size: int | None
     device: Literal["cuda", "cpu"] | None = None
+    capability: tuple[int, int] | None = None

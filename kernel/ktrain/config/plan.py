@@ -71,13 +71,15 @@ def prepare(
     *,
     world_size: int | None = None,
     device: Literal["cuda", "cpu"] | None = None,
+    capability: tuple[int, int] | None = None,
     extra_plugins: Iterable[tuple[str, Any]] = (),
     with_defaults: bool = False,
 ) -> Plan:
     """Load, activate and check everything for a run of ``world_size`` ranks (None: what the mesh asks).
 
     ``device`` is the device type the ranks will use (``ktrain run`` passes it; None where it is not
-    known): with it, or with ``world_size``, plugins' checks get a ``Launch``. The problems of every
+    known; ``capability`` the GPUs' lowest compute capability): with it, or with ``world_size``, plugins'
+    checks get a ``Launch``. The problems of every
     stage are reported together: unknown keys are left out and refused values hold their defaults while
     the plugins' checks, the registries and the mesh are checked; only a role conflict ends it early.
     """
@@ -94,7 +96,9 @@ def prepare(
     mesh = _plan_mesh(plugins, config, world_size, mesh_report)
     launch = None
     if device is not None or world_size is not None:
-        launch = Launch(world_size=mesh.world_size if mesh is not None else world_size, device=device)
+        launch = Launch(
+            world_size=mesh.world_size if mesh is not None else world_size, device=device, capability=capability
+        )
     plugins.hook.ktrain_validate_config(config=config, report=report, launch=launch)
     optimizers = collect(plugins, "ktrain_register_optimizers", "optimizer")
     schedulers = collect(plugins, "ktrain_register_lr_schedulers", "lr scheduler")
