@@ -1,8 +1,9 @@
 """``ktrain export RUN_DIR``: a committed checkpoint, of any registered format, as HF safetensors.
 
-The format named in the checkpoint's manifest chooses the reader (``ktrain_register_checkpoint_formats``);
-the kernel builds the model from the run's config, loads the state, and writes it with the tokenizer,
-into a temporary folder renamed into place when complete.
+``ktrain.run.checkpoints.read_checkpoint_state`` verifies every file, then the reader registered for the
+format named in the manifest (``ktrain_register_checkpoint_formats``) reads the state; the kernel builds the
+model from the run's config, loads the state, and writes it with the tokenizer, into a temporary folder
+renamed into place when complete.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from pathlib import Path
 
 from ktrain.config.plan import load_plugins_and_config
 from ktrain.config.report import ConfigError
-from ktrain.registry import collect
-from ktrain.run.checkpoints import checkpoint_root, complete_checkpoints, read_manifest, verify
+from ktrain.run.checkpoints import checkpoint_root, complete_checkpoints, read_checkpoint_state
 
 
 def export(run_dir: Path, checkpoint: Path | None, output: Path | None) -> Path:
@@ -28,18 +28,7 @@ def export(run_dir: Path, checkpoint: Path | None, output: Path | None) -> Path:
         if not found:
             raise ConfigError.single("RUN_DIR", f"{run_dir} has no complete checkpoint to export")
         checkpoint = found[-1]
-    problems = verify(checkpoint)  # every file against its sha256, before any reader deserialises one
-    if problems:
-        raise ConfigError.single("--checkpoint", f"{checkpoint} cannot be exported: {'; '.join(problems)}")
-    manifest = read_manifest(checkpoint)
-    readers = collect(plugins, "ktrain_register_checkpoint_formats", "checkpoint format")
-    fmt = manifest.get("format", "?")
-    if fmt not in readers:
-        raise ConfigError.single(
-            "--checkpoint",
-            f"{checkpoint} is a '{fmt}' checkpoint of {manifest.get('plugin_distribution')}, which is not installed",
-        )
-    state = readers.get(fmt, "format")(checkpoint, manifest)
+    state = read_checkpoint_state(plugins, checkpoint)
     output = output or run_dir / f"export-{checkpoint.name}"
     model_config = transformers.AutoConfig.from_pretrained(config.base_model_config or config.base_model)
     with torch.device("meta"):

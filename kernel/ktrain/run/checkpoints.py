@@ -31,6 +31,8 @@ import torch
 
 from ktrain import __version__
 from ktrain.config.report import ConfigError
+from ktrain.plugins import Plugins
+from ktrain.registry import collect
 from ktrain.run import distributed, manifest
 from ktrain.run.context import Run
 from ktrain.run.directory import CHECKPOINTS
@@ -296,3 +298,26 @@ def load(run: Run, engine: Any, path: Path) -> dict[str, Any]:
             if name in rank_state["plugins"]:
                 obj.load_state_dict(rank_state["plugins"][name])
     return record["trainer"]
+
+
+def read_checkpoint_state(plugins: Plugins, path: Path) -> dict[str, Any]:
+    """The whole model's state dict (CPU tensors, the names ``transformers`` uses) of committed checkpoint ``path``.
+
+    For commands that read a checkpoint outside a run (``ktrain export``, a plugin's own): every file is
+    hashed against the manifest before anything is deserialised, then the reader that
+    ``ktrain_register_checkpoint_formats`` registered for the manifest's format reads it, on one process
+    without a process group. Raises ``ConfigError`` on ``--checkpoint`` when the checkpoint is damaged or
+    incomplete, or when the plugin of its format is not installed.
+    """
+    problems = verify(path)
+    if problems:
+        raise ConfigError.single("--checkpoint", f"{path} cannot be read: {'; '.join(problems)}")
+    record = read_manifest(path) or {}
+    readers = collect(plugins, "ktrain_register_checkpoint_formats", "checkpoint format")
+    fmt = record.get("format", "?")
+    if fmt not in readers:
+        raise ConfigError.single(
+            "--checkpoint",
+            f"{path} is a '{fmt}' checkpoint of {record.get('plugin_distribution')}, which is not installed",
+        )
+    return readers.get(fmt, "format")(path, record)

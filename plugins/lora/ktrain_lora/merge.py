@@ -19,8 +19,7 @@ import torch
 
 from ktrain.config.plan import Plan, prepare
 from ktrain.config.report import ConfigError
-from ktrain.registry import collect
-from ktrain.run.checkpoints import read_manifest
+from ktrain.run.checkpoints import read_checkpoint_state
 from ktrain.run.context import Run, compute_dtype
 from ktrain_lora.adapter import adapter_names, attach
 from ktrain_lora.keys import adapter_kind, quantization_bits
@@ -40,17 +39,7 @@ def load_base(run: Run) -> Any:
 
 
 def _adapter_from_checkpoint(base: Any, plan: Plan, checkpoint: Path) -> peft.PeftModel:
-    manifest = read_manifest(checkpoint)
-    if manifest is None:
-        raise ConfigError.single("--checkpoint", f"{checkpoint} is not a complete ktrain checkpoint")
-    readers = collect(plan.plugins, "ktrain_register_checkpoint_formats", "checkpoint format")
-    fmt = manifest.get("format", "?")
-    if fmt not in readers:
-        raise ConfigError.single(
-            "--checkpoint",
-            f"{checkpoint} is a '{fmt}' checkpoint of {manifest.get('plugin_distribution')}, which is not installed",
-        )
-    state = readers.get(fmt, "format")(checkpoint, manifest)
+    state = read_checkpoint_state(plan.plugins, checkpoint)
     model = attach(base, plan.config)
     wanted = adapter_names(model)
     lacking = sorted(wanted - state.keys())
