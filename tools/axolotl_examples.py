@@ -5,7 +5,9 @@
 Every ``*.yaml``/``*.yml`` under the folder whose top level is a mapping with ``base_model`` is checked as
 ``ktrain check FILE --set base_model=DIR`` would check it (in this process, from the folder above
 ``examples``, where Axolotl's configs expect to run, so that ``deepspeed: deepspeed_configs/...`` resolves).
-Without ``--base-model`` the model is a tiny local Llama folder with ``--set random_init_weights=true``.
+Without ``--base-model`` the model is a tiny local Llama folder with ``--set random_init_weights=true``;
+a config whose ``fsdp_config`` names the block classes to wrap gets a stand-in of the architecture that
+defines them (the ``model_type`` of the transformers module with those classes), as its own base model has.
 A dataset whose path is local but not there is swapped for a local chat jsonl (``--set
 datasets.N.path=...``). Prints the share that passes, the most frequent refusals (``datasets[3]`` counted as
 ``datasets[i]``), and every file that raised something other than a config error (a traceback).
@@ -40,6 +42,45 @@ def configs(examples: Path) -> Iterator[tuple[Path, dict]]:
             continue
         if isinstance(data, dict) and "base_model" in data:
             yield path, data
+
+
+def layer_classes(data: dict) -> list[str]:
+    """The block classes a config's ``fsdp_config`` names to wrap (either spelling, a string or a list)."""
+    fsdp = data.get("fsdp_config")
+    if not isinstance(fsdp, dict):
+        return []
+    named = fsdp.get("transformer_layer_cls_to_wrap") or fsdp.get("fsdp_transformer_layer_cls_to_wrap") or []
+    names = named.split(",") if isinstance(named, str) else named
+    return [str(name).strip() for name in names]
+
+
+def architecture_of(classes: list[str]) -> str | None:
+    """The transformers ``model_type`` whose modeling module defines every class in ``classes``, if any."""
+    if not classes:
+        return None
+    import transformers
+
+    models = Path(transformers.__file__).parent / "models"
+    wanted = [re.compile(rf"^class {re.escape(name)}\(", re.MULTILINE) for name in classes]
+    for modeling in sorted(models.glob("*/modeling_*.py")):
+        if modeling.stem != f"modeling_{modeling.parent.name}":
+            continue
+        text = modeling.read_text(encoding="utf-8")
+        if all(pattern.search(text) for pattern in wanted):
+            return modeling.parent.name
+    return None
+
+
+def stand_in(data: dict, scratch: Path, default: str) -> str:
+    """The stand-in model folder for a config: the tiny Llama, or one whose ``model_type`` has the block
+    classes its ``fsdp_config`` wraps (made once per architecture)."""
+    model_type = architecture_of(layer_classes(data))
+    if model_type is None or model_type == "llama":
+        return default
+    folder = scratch / f"model-{model_type}"
+    if not folder.exists():
+        write_model_dir(folder, model_type=model_type)
+    return str(folder)
 
 
 def overrides(data: dict, model: str, chat: Path, random_init: bool) -> list[str]:
@@ -80,7 +121,8 @@ def main() -> None:
         for path, data in configs(examples):
             name = str(path.relative_to(examples))
             try:
-                prepare(path, overrides(data, model, chat, args.base_model is None))
+                base = args.base_model or stand_in(data, scratch, model)
+                prepare(path, overrides(data, base, chat, args.base_model is None))
                 passed.append(name)
             except ConfigError as e:
                 errors = [str(p) for p in e.report.errors]
