@@ -20,6 +20,10 @@ from ktrain.run import distributed
 from ktrain.run.context import Run
 from ktrain.run.metrics import flops_per_token, non_embedding_params, peak_flops
 
+FP8_TO_BF16_PEAK = 2.0
+"""The dense FP8 peak over the dense bf16 peak of every GPU with float8 tensor cores (H100/H200: 1,979
+against 989 TFLOP/s; L40S, B200 alike): a run with ``fp8: true`` is also reported against it."""
+
 
 def _side(
     name: str, timed: Timed, flops: float, peak: float | None, held: float | None, padded: float
@@ -173,6 +177,9 @@ def measure(
     all_peaks = peak * run.world_size if peak else None
     report["ktrain"] = _side("ktrain", timed, flops, all_peaks, held, padding(data.train, timed_steps, pad_to))
     report["ktrain"]["tokens_per_s_per_device"] = report["ktrain"]["tokens_per_s"] / run.world_size
+    if getattr(cfg, "fp8", False) and all_peaks:  # the fp8 plugin's key: MFU against the FP8 peak too, labelled
+        report["fp8_peak_tflops"] = peak * FP8_TO_BF16_PEAK / 1e12
+        report["ktrain"]["mfu_fp8_peak"] = report["ktrain"]["mfu"] / FP8_TO_BF16_PEAK
     report["device_state_missing"] = trainer.timeline.monitor.why_not
     if report["peer"]:
         report["ratio"] = report["ktrain"]["tokens_per_s"] / report["peer"]["tokens_per_s"]

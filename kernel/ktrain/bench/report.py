@@ -48,6 +48,11 @@ def describe_report(report: dict[str, Any]) -> str:
             f"{split['optimizer'] * 1e3:>9.1f} {side['first_loss']:>7.3f} {side['padding']:>7.1%}"
         )
     lines.append("tokens/s counts the samples' tokens; padding is the share of the computed positions that are padding")
+    if report.get("fp8_peak_tflops"):
+        lines.append(
+            f"fp8: MFU {report['ktrain']['mfu_fp8_peak']:.1%} against the dense FP8 peak "
+            f"({report['fp8_peak_tflops']:g} TFLOP/s); the MFU column is against the bf16 peak, as for every run"
+        )
     if ranks > 1:
         per_device = report["ktrain"]["tokens_per_s_per_device"]
         lines.append(f"{ranks} ranks: {per_device:,.0f} tokens/s per device; MFU against all {ranks} devices' peaks")

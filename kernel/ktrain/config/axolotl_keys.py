@@ -822,8 +822,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "model_quantization_config_kwargs",
         "use_onebitllms",
         "llmcompressor",
-        "fp8",
-        "fp8_enable_fsdp_float8_all_gather",
         "nonexpert_quantization",
         "dsv4_fp8_nonexpert_mode",
         "dsv4_fp8_lora_kernel",

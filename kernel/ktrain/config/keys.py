@@ -214,6 +214,13 @@ PLUGIN_KEYS: dict[str, tuple[str, ...]] = {
     "ktrain-plugin-parallel": ("sequence_parallel_degree", "heads_k_stride", "ring_attn_func"),
     "ktrain-plugin-compile": ("torch_compile", "torch_compile_backend", "torch_compile_mode"),
     "ktrain-plugin-fused-loss": ("fused_linear_cross_entropy", "fused_linear_cross_entropy_chunks"),
+    "ktrain-plugin-fp8": (
+        "fp8",
+        "fp8_recipe",
+        "fp8_exclude_modules",
+        "fp8_skip_small_layers",
+        "fp8_enable_fsdp_float8_all_gather",
+    ),
     "ktrain-plugin-tensorboard": ("use_tensorboard",),
     "ktrain-plugin-wandb": (
         "use_wandb",

@@ -1,0 +1,1 @@
+"""ktrain-plugin-fp8: float8 matrix multiplies in training (torchao)."""

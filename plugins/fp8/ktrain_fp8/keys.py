@@ -1,0 +1,52 @@
+"""The config keys of ktrain-plugin-fp8: Axolotl's ``fp8`` keys and the plugin's own (no torch here)."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+from typing import Literal
+
+import attrs
+
+from ktrain.config.keys import key
+
+RECIPES = ("tensorwise", "rowwise")
+"""torchao's float8 training recipes that ``fp8_recipe`` accepts: one scale a tensor, or one a row."""
+MIN_CAPABILITY = (8, 9)
+"""The first CUDA compute capability with float8 tensor cores (Ada, then Hopper's 9.0)."""
+
+
+def excluded(name: str, patterns: Iterable[str]) -> bool:
+    """Whether the dotted module name ``name`` is one of ``fp8_exclude_modules``'s ``patterns``: the name
+    itself, a dotted suffix of it (``lm_head``, ``mlp.down_proj``) or a glob pattern on the whole name
+    (``model.layers.0.*``)."""
+    return any(name == p or name.endswith(f".{p}") or fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+@attrs.define(kw_only=True)
+class Fp8Keys:
+    """Float8 matrix multiplies in the linear layers (torchao): weights, gradients and optimizer unchanged."""
+
+    fp8: bool = key(
+        False,
+        "multiply the linear layers' inputs in float8 (torchao's float8 training; a GPU of compute capability "
+        "8.9 or later); the weights, their gradients and the optimizer keep their dtypes",
+    )
+    fp8_recipe: Literal["tensorwise", "rowwise"] = key(
+        "tensorwise", "torchao's scaling: tensorwise (one scale a tensor) or rowwise (one scale a row, finer)"
+    )
+    fp8_exclude_modules: list[str] = attrs.field(
+        factory=lambda: ["lm_head"],
+        metadata={
+            "help": "linear layers kept in bf16, by name: a name matches a module whose dotted name is it or "
+            "ends with '.name', or a glob pattern (fnmatch) on the whole dotted name"
+        },
+    )
+    fp8_skip_small_layers: bool = key(
+        True,
+        "keep in bf16 the layers too small to gain from float8 under the recipe (torchao's measured "
+        "thresholds); layers whose dimensions are not multiples of 16 always stay in bf16",
+    )
+    fp8_enable_fsdp_float8_all_gather: bool = key(
+        False, "FSDP2 gathers the converted layers' weights in float8 (half the bytes); needs fsdp_version: 2"
+    )
