@@ -39,11 +39,11 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="start afresh in an output_dir of an earlier run")
     launch = p.add_argument_group("launch (passed to torch.distributed.run)")
     launch.add_argument("--nproc-per-node", type=int, help="ranks on this machine (default: what the mesh asks)")
-    launch.add_argument("--nnodes", type=int, default=1, help="machines in the run")
-    launch.add_argument("--node-rank", type=int, default=0, help="this machine's index")
+    launch.add_argument("--nnodes", type=int, help="machines in the run (default: SLURM's/torchrun's variables, or 1)")
+    launch.add_argument("--node-rank", type=int, help="this machine's index (default: as --nnodes, or 0)")
     launch.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous (several machines)")
     launch.add_argument("--rdzv-backend", default="c10d", help="rendezvous backend")
-    launch.add_argument("--rdzv-id", default="ktrain", help="id shared by the machines of one run")
+    launch.add_argument("--rdzv-id", help="id shared by the machines of one run (default: SLURM's job id, or ktrain)")
     launch.add_argument(
         "--max-restarts",
         type=int,
@@ -56,6 +56,7 @@ def _configure_check(p: argparse.ArgumentParser) -> None:
     _add_config_args(p)
     p.add_argument("--world-size", type=int, default=None, help="resolve the mesh for this many ranks")
     p.add_argument("--all", action="store_true", help="print every key, not only those set")
+    p.add_argument("--slurm", action="store_true", help="also print the launch SLURM's/torchrun's variables give")
 
 
 def _configure_preprocess(p: argparse.ArgumentParser) -> None:
@@ -135,7 +136,13 @@ def _check(args: argparse.Namespace) -> int:
     from ktrain.commands.describe import describe_plan
     from ktrain.config.plan import prepare
 
-    plan = prepare(args.config, args.overrides, world_size=args.world_size)
+    world_size = args.world_size
+    if args.slurm:
+        from ktrain.config.cluster import describe_environment
+
+        line, world_size = describe_environment(world_size)
+        print(line)
+    plan = prepare(args.config, args.overrides, world_size=world_size)
     print(describe_plan(plan, every_key=args.all))
     return EXIT_OK
 
@@ -187,6 +194,18 @@ def _export(args: argparse.Namespace) -> int:
     return export_cli(args.run_dir, args.checkpoint, args.output)
 
 
+def _slurm(args: argparse.Namespace) -> int:
+    from ktrain.commands.slurm import slurm_cli
+
+    return slurm_cli(args)
+
+
+def _configure_slurm(p: argparse.ArgumentParser) -> None:
+    from ktrain.commands.slurm import configure
+
+    configure(p)
+
+
 def _env(args: argparse.Namespace) -> int:
     from ktrain.commands.env import describe_environment
 
@@ -215,6 +234,7 @@ COMMANDS: dict[str, Command] = {
     "generate": ("answer a prompt with a trained model", _configure_generate, _generate),
     "export": ("write a checkpoint as HF safetensors", _configure_export, _export),
     "env": ("print versions, devices and settings for a bug report", _configure_none, _env),
+    "slurm": ("write (and --submit) the sbatch script of a run over SLURM nodes", _configure_slurm, _slurm),
 }
 
 

@@ -21,6 +21,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ktrain.config import cluster
 from ktrain.config.plan import Plan, prepare
 from ktrain.config.report import ConfigError
 from ktrain.run.directory import Before, prepare_run_dir
@@ -52,6 +53,7 @@ def _plan(args: argparse.Namespace) -> Plan:
 
 def launch(args: argparse.Namespace) -> int:
     """Run the config of ``args``; return the exit code."""
+    cluster.apply(args)  # launch options a flag left unset, from SLURM's or torchrun's variables
     plan = _plan(args)
     for problem in plan.warnings:
         print(f"ktrain: warning: {problem}", file=sys.stderr)
