@@ -143,7 +143,7 @@ def test_multi_turn_chat_labels_token_by_token(tmp_path: Path, model: Path, tok:
     assert trained == "<|im_end|><|im_end|>4<|im_end|><|im_end|>6<|im_end|>"
 
 
-@pytest.mark.parametrize("name", sorted(templates.NAMED))
+@pytest.mark.parametrize("name", sorted([*templates.NAMED, *templates.AXOLOTL]))
 def test_named_templates_train_the_assistant_replies(name: str, tmp_path: Path, model: Path, tok: Any) -> None:
     messages = [
         {"role": "user", "content": "Hi"},
@@ -151,13 +151,14 @@ def test_named_templates_train_the_assistant_replies(name: str, tmp_path: Path, 
         {"role": "user", "content": "Bye"},
         {"role": "assistant", "content": "Ciao"},
     ]
-    prepared = build(tmp_path, model, tok, [{"messages": messages}], type="chat_template", chat_template=name)
+    row = [{"messages": messages}]  # sequence_len fits the longest default system message of the templates
+    prepared = build(tmp_path, model, tok, row, type="chat_template", chat_template=name, keys={"sequence_len": 4096})
     got_ids, got_labels = only(prepared)
     text = tok.decode(got_ids)
     assert "Hello" in text and "Bye" in text
     trained = tok.decode([t for t, label in zip(got_ids, got_labels, strict=True) if label != IGNORE])
     # each template ends a turn with its own marker; our tokenizer's EOS ends none of these but chatml's
-    assert trained.startswith("Hello") and "Ciao" in trained and "Bye" not in trained and "Hi" not in trained
+    assert trained.lstrip().startswith("Hello") and "Ciao" in trained and "Bye" not in trained and "Hi" not in trained
 
 
 def test_completion_input_output_and_pretokenized(tmp_path: Path, model: Path, tok: Any) -> None:

@@ -3,12 +3,17 @@
 ``tokenizer_default`` is the tokenizer's own template; ``jinja`` takes ``chat_template_jinja``. The
 named ones are the usual formats of each model family, written so that rendering the first turns of a
 conversation gives a prefix of rendering all of it: the masking of ``formats.chat_template`` relies on it.
+The templates in ``chat_templates/`` are Axolotl's of the same name (Axolotl 0.18.0, Apache-2.0), those
+of them that keep that property (tests/unit/test_chat_templates.py renders each).
 Imports nothing heavy: the kernel's entry module checks names against this table.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+FOLDER = Path(__file__).with_name("chat_templates")
 
 _CHATML_TURNS = (
     "{% for message in messages %}"
@@ -47,7 +52,8 @@ NAMED: dict[str, str] = {
         "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
     ),
 }
-CHOICES = ("tokenizer_default", "jinja", *NAMED)
+AXOLOTL: tuple[str, ...] = tuple(sorted(path.stem for path in FOLDER.glob("*.jinja")))
+CHOICES = ("tokenizer_default", "jinja", *NAMED, *AXOLOTL)
 
 
 def template_name(entry: Any, config: Any) -> str:
@@ -72,4 +78,6 @@ def resolve(name: str, config: Any, tokenizer: Any, key: str) -> str:
         if not config.chat_template_jinja:
             raise ValueError(f"{key}: 'jinja' needs chat_template_jinja, the template's text")
         return config.chat_template_jinja
-    return NAMED[name]
+    if name in NAMED:
+        return NAMED[name]
+    return (FOLDER / f"{name}.jinja").read_text(encoding="utf-8")
