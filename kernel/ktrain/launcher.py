@@ -25,6 +25,7 @@ from ktrain.config import cluster
 from ktrain.config.plan import Plan, prepare
 from ktrain.config.report import ConfigError
 from ktrain.run.directory import Before, prepare_run_dir
+from ktrain.run.resume_check import keep_global_batch
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -55,6 +56,11 @@ def launch(args: argparse.Namespace) -> int:
     """Run the config of ``args``; return the exit code."""
     cluster.apply(args)  # launch options a flag left unset, from SLURM's or torchrun's variables
     plan = _plan(args)
+    kept = keep_global_batch(plan, args.resume, args.overwrite)
+    if kept is not None:  # resumed on another number of ranks: the checkpoint's global batch, by accumulation
+        args.overrides = [*args.overrides, f"gradient_accumulation_steps={kept[0]}"]
+        plan = _plan(args)
+        print(f"ktrain: {kept[1]}", flush=True)
     for problem in plan.warnings:
         print(f"ktrain: warning: {problem}", file=sys.stderr)
     before = Before(plan)
