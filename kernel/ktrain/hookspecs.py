@@ -53,9 +53,11 @@ if TYPE_CHECKING:
     from torch.optim.lr_scheduler import LRScheduler
 
     from ktrain.config.launch import Launch
+    from ktrain.config.mesh import MeshPlan
     from ktrain.config.model import Config
     from ktrain.config.report import Report
     from ktrain.engine import Engine
+    from ktrain.memory.shape import ModelShape
 
 # ``run`` is the rank's ``ktrain.run.context.Run`` (see docs/writing-plugins.md). It is not imported here even
 # for type checking: a Run holds the run's plan, whose plugin manager imports this module.
@@ -121,6 +123,20 @@ def ktrain_collect_mesh_dims(config: Config) -> dict[str, int] | None:
     different tokens (``cp`` splits each row's sequence): a sharding plugin averages gradients over all
     three (``run.mesh.gradient_ranks`` of them). Ranks along any other dimension (``tp``, a plugin's)
     compute on the same tokens.
+    """
+
+
+@hookspec
+def ktrain_collect_memory(config: Config, mesh: MeshPlan, model_shape: ModelShape) -> dict[str, Any] | None:
+    """Return this plugin's part of the memory model of one rank (``ktrain plan``, ``ktrain check``).
+
+    Names and their values are those of ``ktrain.memory.parts``: ``"weights"`` (rewrite the parameter
+    tensors: adapters, quantized bases), ``"sharding"`` (what a rank holds of parameters, gradients and
+    optimizer states), ``"optimizer"`` (states per trained element), ``"parallel"`` (tensor and context
+    parallel sizes), ``"loss"`` (``"fused"``: no whole-sequence logits), ``"checkpointing"``. Called on the
+    launching process with the resolved mesh and the shape from the model's config.json; must not import
+    torch. Every plugin answers; a name given twice is an error. An active plugin that owns a role and gives
+    nothing is reported as not modelled.
     """
 
 

@@ -1,0 +1,144 @@
+"""The vocabulary of ``ktrain_collect_memory``: what a plugin tells the memory model, and what it gets back.
+
+A plugin answers with a mapping; each name has one meaning and one owner in a run:
+
+- ``"weights"``: a ``WeightsModel``, which rewrites the list of parameter tensors (an adapter adds its
+  own trained tensors and freezes the base; a quantizer packs the base);
+- ``"sharding"``: a ``ShardingModel``, which says what one rank holds of the parameters, gradients,
+  master weights and optimizer states (DDP, FSDP, ZeRO), and of the communication buffers;
+- ``"optimizer"``: an ``OptimizerModel``, the optimizer's states per trained element;
+- ``"parallel"``: a ``ParallelModel``, how tensor and context parallelism split weights and activations;
+- ``"loss"``: ``"fused"`` when the logits of the whole sequence are never materialized;
+- ``"checkpointing"``: a ``Checkpointing``, which blocks recompute their activations (a plugin that owns
+  activation checkpointing).
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+
+
+@attrs.frozen
+class Weight:
+    """One parameter tensor as the run holds it.
+
+    ``element_bytes`` is 4 (fp32), 2 (bf16, fp16), 1 (8-bit) or 0.5 (packed 4-bit); ``extra_bytes`` counts
+    what a quantized tensor keeps beside its packed data (block scales). ``trainable`` weights get
+    gradients and optimizer states. ``kind`` and ``block`` are those of ``ktrain.memory.shape.Tensor``.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str
+    block: int | None
+    element_bytes: float
+    trainable: bool = True
+    extra_bytes: int = 0
+
+    @property
+    def numel(self) -> int:
+        """Elements of the tensor."""
+        return math.prod(self.shape)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the whole tensor, on one rank, unsharded."""
+        return math.ceil(self.numel * self.element_bytes) + self.extra_bytes
+
+    @property
+    def matrix(self) -> bool:
+        """Whether weight decay applies (2-D and up): the kernel's first parameter group."""
+        return len(self.shape) >= 2
+
+
+@attrs.frozen
+class OptimizerModel:
+    """An optimizer's memory per trained tensor.
+
+    ``moments`` states of the tensor's size each, of ``moment_bytes`` per element (None: the weight's own
+    dtype); a quantized state keeps one fp32 scale per ``block`` elements, and tensors below
+    ``min_quantized`` elements keep fp32 states instead. ``master`` keeps an fp32 copy of each trained
+    weight as optimizer state (when the weight itself is not fp32).
+    """
+
+    name: str
+    moments: int = 2
+    moment_bytes: float | None = None
+    block: int = 0
+    min_quantized: int = 0
+    master: bool = False
+
+    def state_bytes(self, numel: int, element_bytes: float) -> int:
+        """Bytes of the states (moments and master copy) of a trained tensor of ``numel`` elements."""
+        master = 4 * numel if self.master and element_bytes != 4 else 0
+        if self.moment_bytes is None:
+            return master + self.moments * math.ceil(numel * element_bytes)
+        if numel < self.min_quantized:
+            return master + self.moments * 4 * numel
+        scales = 4 * math.ceil(numel / self.block) if self.block else 0
+        return master + self.moments * (math.ceil(numel * self.moment_bytes) + scales)
+
+
+@attrs.frozen
+class ModelStates:
+    """What one rank holds of the model's state, in bytes; ``host`` holds what is offloaded to CPU memory.
+
+    ``buffers`` are the sharding's communication and gather buffers at the peak (DDP's gradient buckets,
+    FSDP's all-gathered units, ZeRO's reduce buckets).
+    """
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    buffers: int = 0
+    host: dict[str, int] = attrs.Factory(dict)
+
+
+class WeightsModel(Protocol):
+    """``"weights"``: rewrites the run's parameter tensors (adapters, quantized bases)."""
+
+    def __call__(self, weights: list[Weight]) -> list[Weight]: ...
+
+
+class ShardingModel(Protocol):
+    """``"sharding"``: what rank ``rank`` holds of ``weights`` under ``optimizer``."""
+
+    name: str
+
+    def states(self, weights: Sequence[Weight], optimizer: OptimizerModel, rank: int) -> ModelStates: ...
+
+
+@attrs.frozen
+class ParallelModel:
+    """``"parallel"``: tensor-parallel ranks divide each block's projections and activations, context-parallel
+    ranks (and Ulysses sequence-parallel ranks) divide each row's sequence."""
+
+    tp: int = 1
+    cp: int = 1
+
+    def split(self, weights: list[Weight]) -> list[Weight]:
+        """The weights one tensor-parallel rank holds: block projections divided by ``tp``, the rest whole."""
+        if self.tp == 1:
+            return weights
+        out = []
+        for w in weights:
+            if w.kind == "linear":
+                rows, *rest = w.shape
+                w = attrs.evolve(w, shape=(math.ceil(rows / self.tp), *rest), extra_bytes=w.extra_bytes // self.tp)
+            out.append(w)
+        return out
+
+
+@attrs.frozen
+class Checkpointing:
+    """``"checkpointing"``: the share of blocks whose activations are recomputed, and what each recomputes
+    (``"block"``: all of it, keeping only its input; ``"mlp"``: only its MLP)."""
+
+    fraction: float = 1.0
+    scope: str = "block"
