@@ -3,7 +3,7 @@
 The script asks for one task a node (``ktrain run`` starts the node's ranks itself and reads the rest from
 SLURM's variables: ``ktrain.config.cluster``), starts it on every node with ``srun``, and makes the job
 survive its time limit and preemption: ``--requeue``, SIGUSR1 to every node's ``ktrain run`` two minutes
-before the limit (the ranks finish their step, save a checkpoint and exit with ``REQUEUE_EXIT_CODE``), then
+before the limit (the ranks finish their step, save a checkpoint and exit with 138), then
 ``scontrol requeue`` puts the job back in the queue, and ``auto_resume_from_checkpoints`` continues from the
 checkpoint when it starts again. The config is checked first, as ``ktrain check`` does.
 """
@@ -22,9 +22,9 @@ from ktrain.config.report import ConfigError
 
 WARN_BEFORE_S = 120
 """Seconds before the time limit at which SLURM sends SIGUSR1: enough for a step and a checkpoint."""
-REQUEUE_EXIT_CODE = 128 + signal.SIGUSR1
-"""``ktrain run``'s exit code after SIGUSR1 stopped every rank with a checkpoint saved (``ktrain.run.stop``):
-the script requeues the job on it."""
+REQUEUE_EXIT_CODES = (128 + signal.SIGUSR1, 128 + signal.SIGTERM)
+"""``ktrain run``'s exit codes after SIGUSR1 or SIGTERM stopped every rank with the step's checkpoint saved
+(``ktrain.run.stop``): the script requeues the job on them."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -93,9 +93,10 @@ def render(args: argparse.Namespace, config: Path, script: Path, workdir: Path) 
         "# auto_resume_from_checkpoints: a requeued job continues from the latest complete checkpoint.",
         f"srun --kill-on-bad-exit=1 {shlex.join(run)}",
         "code=$?",
-        f"if [ $code -eq {REQUEUE_EXIT_CODE} ]; then  # stopped before the time limit, a checkpoint saved",
-        '    scontrol requeue "$SLURM_JOB_ID"',
-        "fi",
+        "# stopped by SIGUSR1 (the time limit is near) or SIGTERM, the step's checkpoint saved: back in the queue",
+        f"case $code in {'|'.join(map(str, REQUEUE_EXIT_CODES))})",
+        '    scontrol requeue "$SLURM_JOB_ID" ;;',
+        "esac",
         "exit $code",
         "",
     ]
