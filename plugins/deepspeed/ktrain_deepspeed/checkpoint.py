@@ -4,8 +4,10 @@ Every rank writes its ZeRO partition with ``DeepSpeedEngine.save_checkpoint`` un
 ``deepspeed/`` of the kernel's staging folder (the kernel commits it with a manifest and a rename).
 It holds the trainable parameters and buffers, the optimizer (fp32 master weights and moments) and the
 scheduler; frozen parameters are left out (a resumed run rebuilds them from ``base_model``). A ZeRO
-checkpoint resumes on the number of ranks and the stage that wrote it. ``ktrain export`` consolidates
-the fp32 weights on one CPU process with DeepSpeed's ``zero_to_fp32``.
+checkpoint resumes under the stage that wrote it; a ZeRO-3 one on any number of ranks (each rank cuts
+its new partition out of the saved ones, ``ktrain_deepspeed.reshard``), a ZeRO-1/2 one on the number
+that wrote it. ``ktrain export`` consolidates the fp32 weights on one CPU process with DeepSpeed's
+``zero_to_fp32``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import torch
 
 from ktrain.config.report import ConfigError
+from ktrain_deepspeed import reshard
 from ktrain_deepspeed.accelerator import load_deepspeed
 
 FORMAT = "deepspeed"
@@ -37,18 +40,22 @@ def load(engine: Any, run: Any, path: Path, manifest: dict[str, Any]) -> bool:
             f"{path} is a '{manifest.get('format')}' checkpoint written by {manifest.get('plugin')}; this run "
             f"saves '{FORMAT}' (deepspeed is set). Resume it with the plugin that wrote it, or start afresh",
         )
-    if manifest.get("world_size") != run.world_size:
-        raise ConfigError.single(
-            "--resume",
-            f"{path} holds ZeRO partitions of {manifest.get('world_size')} ranks; this run has {run.world_size}. "
-            f"Resume with --nproc-per-node {manifest.get('world_size')}, or `ktrain export` it and start a new "
-            "run from the exported model",
-        )
     if manifest.get("zero_stage") != engine.stage:
         raise ConfigError.single(
             "--resume",
             f"{path} was written under ZeRO stage {manifest.get('zero_stage')}; this run uses stage "
             f"{engine.stage}. Resume with the same zero_optimization.stage",
+        )
+    saved_ranks = manifest.get("world_size")
+    if saved_ranks != run.world_size and engine.stage == 3:
+        reshard.load(engine.ds, path / manifest.get("tag", TAG), saved_ranks)
+        return True
+    if saved_ranks != run.world_size:
+        raise ConfigError.single(
+            "--resume",
+            f"{path} holds ZeRO-{engine.stage} partitions of {saved_ranks} ranks; this run has {run.world_size}, "
+            f"and only a ZeRO-3 checkpoint reshards. Resume with --nproc-per-node {saved_ranks}, or `ktrain "
+            "export` it and start a new run from the exported model",
         )
     frozen = any(not p.requires_grad for p in engine.model.parameters())
     loaded, _ = engine.ds.load_checkpoint(

@@ -17,7 +17,7 @@ pytest_plugins = ["ktrain.testing"]
 
 
 class TestDeepSpeedConformance(ShardingConformance):
-    """The whole suite with the zero2 preset, plus: a ZeRO checkpoint refuses another number of ranks."""
+    """The whole suite with the zero2 preset, plus: a ZeRO-2 checkpoint refuses another number of ranks."""
 
     plugin_yaml = "deepspeed: zero2"
     entry_point = "deepspeed"
@@ -33,5 +33,6 @@ class TestDeepSpeedConformance(ShardingConformance):
         config = project.config(self.plugin_yaml, name=out.name, output_dir=str(out), **keys)
         done = project.ktrain("run", str(config), "--resume", "--nproc-per-node", "1")
         assert done.returncode == 2, done.stderr[-3000:]
-        assert "holds ZeRO partitions of 2 ranks; this run has 1. Resume with --nproc-per-node 2" in done.stderr
+        assert "holds ZeRO-2 partitions of 2 ranks; this run has 1, and only a ZeRO-3 checkpoint" in done.stderr
+        assert "Resume with --nproc-per-node 2" in done.stderr
         assert "Traceback" not in done.stderr
