@@ -12,6 +12,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+import importlib.util
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,6 +32,7 @@ DEFAULT_OWNERS: dict[str, str] = {
     "optimizer": "ktrain.builtin.optimizers:DefaultOptimizer",
     "lr_scheduler": "ktrain.builtin.schedulers:DefaultScheduler",
     "checkpoint_format": "ktrain.builtin.local_checkpoint:LocalCheckpoint",
+    "objective": "ktrain.builtin.causal_lm:CausalLM",
 }
 
 # hook -> the role whose owner alone may implement it (the first-result hooks: one answer per run).
@@ -42,6 +45,7 @@ OWNED_HOOKS: dict[str, str] = {
     "ktrain_save_checkpoint": "checkpoint_format",
     "ktrain_load_checkpoint": "checkpoint_format",
     "ktrain_export_model": "export",
+    "ktrain_build_objective": "objective",
 }
 
 
@@ -223,29 +227,47 @@ def _check_pending(plugins: Plugins) -> None:
         ) from None
 
 
-def activate(plugins: Plugins, config: Any, *, with_defaults: bool) -> None:
+def activate(plugins: Plugins, config: Any, *, with_defaults: bool) -> list[tuple[str, str]]:
     """Let every plugin activate its runtime object for ``config``; give each role one owner.
 
-    Raises ``PluginError`` when two plugins claim one role, naming both, their distributions and
-    versions, and the keys that enabled them. With ``with_defaults``, the kernel's default owners
-    (which import torch) are registered for the roles nobody claimed.
+    A plugin passes ``activate`` its runtime object, or the ``"module:attribute"`` of a callable that
+    builds it from the config (a class taking the config, or a factory): that one is built only with
+    ``with_defaults`` (on the ranks, and in the commands that load a model), so the config phase imports
+    no runtime module. With ``with_defaults`` the kernel's default owners (which import torch) are
+    registered for the roles nobody claimed too. Returns ``(config key, message)`` for what the checks can
+    go on after: a role claimed by a second plugin (both named, with their distributions, versions and
+    keys; the second is left out) and an unconditional requirement of an active plugin's distribution that
+    is not installed (with the command that installs it). Raises ``PluginError`` for an object that is not
+    valid.
     """
     claimed: dict[str, Activation] = {}
+    problems: list[tuple[str, str]] = []
     for impl in reversed(plugins.pm.hook.ktrain_activate.get_hookimpls()):
         info = plugins.owner_of(impl.plugin)
 
         def register(obj: Any, *, roles: Iterable[str] = (), keys: Iterable[str] = (), _info=info) -> None:
             act = Activation(_info, obj, tuple(roles), tuple(keys))
-            for role in act.roles:
-                if role in claimed:
-                    raise PluginError(_conflict(role, claimed[role], act))
-                claimed[role] = act
+            clash = next((role for role in act.roles if role in claimed), None)
+            if clash is not None:
+                problems.append(("", _conflict(clash, claimed[clash], act)))
+                return
+            missing = _missing_requirements(_info)
+            if missing:
+                problems.append((act.keys[0] if act.keys else "", _missing_message(act, missing)))
+            claimed.update(dict.fromkeys(act.roles, act))
+            if isinstance(obj, str) and (missing or not with_defaults):
+                if not missing:
+                    _check_target(_info, obj)
+                plugins.activations.append(act)
+                return
+            if isinstance(obj, str):
+                act = attrs.evolve(act, obj=_build(_info, obj, config))
             plugins.activations.append(act)
             try:
-                plugins.pm.register(obj, name=f"{_info.name}:{type(obj).__name__}:{len(plugins.activations)}")
+                plugins.pm.register(act.obj, name=f"{_info.name}:{type(act.obj).__name__}:{len(plugins.activations)}")
             except (pluggy.PluginValidationError, ValueError) as e:
                 raise PluginError(f"plugin {_info.describe()} activated an invalid object: {e}") from None
-            _check_owned_hooks(plugins, _info, obj, act.roles)
+            _check_owned_hooks(plugins, _info, act.obj, act.roles)
 
         args = {"config": config, "activate": register}
         impl.function(**{name: args[name] for name in impl.argnames})
@@ -258,11 +280,68 @@ def activate(plugins: Plugins, config: Any, *, with_defaults: bool) -> None:
             plugins.activations.append(Activation(kernel, target, (role,), (), default=True))
             continue
         if target not in owners:
-            module_name, attr = target.split(":")
-            owners[target] = getattr(importlib.import_module(module_name), attr)(config)
+            owners[target] = _build(kernel, target, config)
             plugins.pm.register(owners[target], name=f"default:{target}")
         plugins.activations.append(Activation(kernel, owners[target], (role,), (), default=True))
     _check_pending(plugins)
+    return problems
+
+
+def _check_target(info: PluginInfo, target: str) -> None:
+    """Raise ``PluginError`` unless ``target`` is ``"module:attribute"`` of a module that exists (not imported)."""
+    module_name, _, attr = target.partition(":")
+    try:
+        found = bool(attr) and importlib.util.find_spec(module_name) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise PluginError(
+            f"plugin {info.describe()} activated '{target}', which names no module:attribute; "
+            'pass the runtime object or "package.module:Class"'
+        )
+
+
+def _build(info: PluginInfo, target: str, config: Any) -> Any:
+    """Import ``"module:attribute"`` and call it with the config: the runtime object of a lazy activation."""
+    module_name, attr = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        raise PluginError(
+            f"plugin {info.describe()} needs the module '{e.name}', which is not installed: "
+            f"`pip install {e.name}`, or reinstall {info.distribution}"
+        ) from None
+    return getattr(module, attr)(config)
+
+
+def _missing_requirements(info: PluginInfo) -> list[str]:
+    """The requirements of ``info``'s distribution without environment markers that are not installed."""
+    try:
+        requires = importlib.metadata.distribution(info.distribution).requires or []
+    except importlib.metadata.PackageNotFoundError:
+        return []  # registered in process, or a plugin without metadata: nothing to check
+    missing = []
+    for requirement in requires:
+        if ";" in requirement:
+            continue  # an extra or a platform's requirement
+        name = re.match(r"[A-Za-z0-9._-]+", requirement.strip())
+        if name is None:
+            continue
+        try:
+            importlib.metadata.distribution(name.group(0))
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(requirement.strip())
+    return missing
+
+
+def _missing_message(act: Activation, missing: list[str]) -> str:
+    """The line naming the plugin, the keys that enabled it and the command that installs what it lacks."""
+    wanted = " ".join(f"'{r}'" if any(c in r for c in "<>=!~ ") else r for r in missing)
+    enabled = f" (enabled by {', '.join(act.keys)})" if act.keys else ""
+    return (
+        f"the plugin {act.plugin.describe()}{enabled} needs {', '.join(missing)}, which is not installed: "
+        f"`pip install {wanted}`"
+    )
 
 
 def _conflict(role: str, first: Activation, second: Activation) -> str:

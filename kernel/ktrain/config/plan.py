@@ -80,17 +80,15 @@ def prepare(
     ``device`` is the device type the ranks will use (``ktrain run`` passes it; None where it is not
     known; ``capability`` the GPUs' lowest compute capability): with it, or with ``world_size``, plugins'
     checks get a ``Launch``. The problems of every
-    stage are reported together: unknown keys are left out and refused values hold their defaults while
-    the plugins' checks, the registries and the mesh are checked; only a role conflict ends it early.
+    stage are reported together: unknown keys are left out and refused values hold their defaults, and a
+    role claimed twice or a plugin's missing requirement is recorded (the second claimant left out) while
+    the plugins' checks, the registries and the mesh are checked. Raises ``PluginError`` when the plugins'
+    activation is all that is wrong, ``ConfigError`` with every problem otherwise.
     """
     plugins, config, report, refused = _read(path, list(overrides), extra_plugins)
-    try:
-        activate(plugins, config, with_defaults=with_defaults)
-    except PluginError as e:
-        if not report.errors:
-            raise
-        report.error("", str(e))
-        raise ConfigError(report) from None
+    activation_problems = activate(plugins, config, with_defaults=with_defaults)
+    for key, message in activation_problems:
+        report.error(key, message)
     loaded = len(report.problems)
     mesh_report = Report(config.source)
     mesh = _plan_mesh(plugins, config, world_size, mesh_report)
@@ -114,6 +112,8 @@ def prepare(
     check_paths(config, report, launching=device is not None)
     report.problems.extend(mesh_report.problems)
     report.problems[loaded:] = [p for p in report.problems[loaded:] if p.top_key not in refused]
+    if activation_problems and len(report.errors) == len(activation_problems):
+        raise PluginError("\n".join(message for _, message in activation_problems))  # plugins' problems alone
     if report.errors or mesh is None:
         raise ConfigError(report)
     return Plan(config, plugins, mesh, optimizers, schedulers, formats, report.warnings)

@@ -49,6 +49,4 @@ def ktrain_activate(config: Any, activate) -> None:
     """Compile the blocks, claiming ``compile``."""
     if not config.torch_compile:
         return
-    from ktrain_compile.runtime import BlockCompiler
-
-    activate(BlockCompiler(config), roles=("compile",), keys=("torch_compile",))
+    activate("ktrain_compile.runtime:BlockCompiler", roles=("compile",), keys=("torch_compile",))

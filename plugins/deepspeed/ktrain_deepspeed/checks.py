@@ -22,7 +22,7 @@ MESH_KEYS = {
 
 def validate(config: Any, report: Any) -> None:
     """Read ``deepspeed:`` when it is written and check it against the rest of the config (DeepSpeed's own check
-    of its keys is the runtime object's)."""
+    of its keys follows in the entry module)."""
     if config.deepspeed is None:
         return
     try:

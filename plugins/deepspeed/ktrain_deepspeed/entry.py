@@ -7,6 +7,7 @@ DeepSpeed.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from ktrain import hookimpl
@@ -14,6 +15,7 @@ from ktrain.registry import lazy
 from ktrain_deepspeed import presets
 from ktrain_deepspeed.checks import validate
 from ktrain_deepspeed.keys import DeepSpeedKeys
+from ktrain_deepspeed.source import SourceError, read
 
 KTRAIN_ROLES = ("sharding", "checkpoint_format")
 FORMAT = "deepspeed"
@@ -27,8 +29,21 @@ def ktrain_register_config(register) -> None:
 
 @hookimpl
 def ktrain_validate_config(config: Any, report: Any) -> None:
-    """Read ``deepspeed:`` and check it against the rest of the config (``ktrain_deepspeed.checks``)."""
+    """Read ``deepspeed:`` and check it against the rest of the config (``ktrain_deepspeed.checks``), then
+    with DeepSpeed's own parser and against this machine (which imports DeepSpeed, and torch with it; where
+    DeepSpeed is not installed the kernel reports the missing requirement instead)."""
     validate(config, report)
+    if config.deepspeed is None or importlib.util.find_spec("deepspeed") is None:
+        return
+    try:
+        source = read(config.deepspeed)
+    except SourceError:
+        return  # validate reported it
+    from ktrain_deepspeed import machine, schema
+
+    found = schema.problems(source.settings, config) or machine.problems(schema.probe(source.settings, config))
+    for path, message in found:
+        report.error(f"deepspeed.{path}" if path else "deepspeed", f"{message}, in {source.origin}")
 
 
 @hookimpl
@@ -36,9 +51,7 @@ def ktrain_activate(config: Any, activate) -> None:
     """Take the ``sharding`` and ``checkpoint_format`` roles when ``deepspeed`` is written."""
     if config.deepspeed is None:
         return
-    from ktrain_deepspeed.runtime import DeepSpeedRuntime
-
-    activate(DeepSpeedRuntime(config), roles=KTRAIN_ROLES, keys=("deepspeed",))
+    activate("ktrain_deepspeed.runtime:DeepSpeedRuntime", roles=KTRAIN_ROLES, keys=("deepspeed",))
 
 
 @hookimpl
@@ -56,3 +69,11 @@ def ktrain_register_commands(register) -> None:
 def ktrain_register_checkpoint_formats(register) -> None:
     """``ktrain export`` consolidates ``deepspeed`` checkpoints to fp32 on one CPU process."""
     register(FORMAT, lazy("ktrain_deepspeed.checkpoint:read_state_dict"))
+
+
+@hookimpl
+def ktrain_collect_memory(config: Any, mesh: Any, model_shape: Any) -> dict[str, Any] | None:
+    """ZeRO's part of one rank's memory model (``ktrain_deepspeed.memory``): partitions, buffers, offload."""
+    from ktrain_deepspeed.memory import collect_memory
+
+    return collect_memory(config, mesh, model_shape)

@@ -16,10 +16,10 @@ import torch
 
 from ktrain import hookimpl
 from ktrain.config.report import ConfigError, Report
-from ktrain_deepspeed import build_ops, checkpoint, links, machine, schema, zero
+from ktrain_deepspeed import build_ops, checkpoint, links, zero
 from ktrain_deepspeed.accelerator import load_deepspeed
 from ktrain_deepspeed.engine import DeepSpeedEngine
-from ktrain_deepspeed.source import Source, SourceError, read
+from ktrain_deepspeed.source import read
 
 deepspeed = load_deepspeed()
 # DeepSpeed calls collectives torch has renamed; the warning, printed on every call, is not the user's to act on.
@@ -92,22 +92,6 @@ class DeepSpeedRuntime:
         self._settings: dict[str, Any] | None = None
         self._hf_deepspeed_config: Any = None
         self._compile: zero.LegacyCompile | None = None
-
-    def _source(self) -> Source | None:
-        try:
-            return read(self.config.deepspeed)
-        except SourceError:
-            return None  # the entry module reports it
-
-    @hookimpl
-    def ktrain_validate_config(self, config: Any, report: Any) -> None:
-        """DeepSpeed's own check of the JSON (unknown keys, bad values), then what this machine cannot run."""
-        source = self._source()
-        if source is None:
-            return
-        found = schema.problems(source.settings, config) or machine.problems(schema.probe(source.settings, config))
-        for path, message in found:
-            report.error(f"deepspeed.{path}" if path else "deepspeed", f"{message}, in {source.origin}")
 
     def settings(self, run: Any) -> dict[str, Any]:
         """The JSON with every "auto" filled for this run (the same on every rank), checked against the config."""

@@ -41,15 +41,24 @@ def ktrain_activate(config: Any, activate) -> None:
     """Take the ``sharding`` and ``checkpoint_format`` roles when an FSDP key is written."""
     if not enabled(config):
         return
+    keys = tuple(name for name in ("fsdp_version", "fsdp_config", "fsdp") if config.is_set(name))
+    activate("ktrain_fsdp.entry:sharding", roles=("sharding", "checkpoint_format"), keys=keys)
+    if resolve(config, Report()).cpu_ram_efficient_loading:
+        activate("ktrain_fsdp.entry:loader", roles=("model_loader",), keys=("fsdp_config",))
+
+
+def sharding(config: Any) -> Any:
+    """The runtime object that shards and checkpoints (imports torch): built by the kernel on the ranks."""
     from ktrain_fsdp.runtime import Fsdp
 
-    options = resolve(config, Report())
-    keys = tuple(name for name in ("fsdp_version", "fsdp_config", "fsdp") if config.is_set(name))
-    activate(Fsdp(config, options), roles=("sharding", "checkpoint_format"), keys=keys)
-    if options.cpu_ram_efficient_loading:
-        from ktrain_fsdp.loading import RamEfficientLoader
+    return Fsdp(config, resolve(config, Report()))
 
-        activate(RamEfficientLoader(config, options.version), roles=("model_loader",), keys=("fsdp_config",))
+
+def loader(config: Any) -> Any:
+    """The loader that builds the model on the meta device off rank 0 (imports torch): built on the ranks."""
+    from ktrain_fsdp.loading import RamEfficientLoader
+
+    return RamEfficientLoader(config, resolve(config, Report()).version)
 
 
 @hookimpl
@@ -69,3 +78,11 @@ def ktrain_register_commands(register) -> None:
 def ktrain_register_checkpoint_formats(register) -> None:
     """``ktrain export`` reads ``ktrain-dcp`` checkpoints on one CPU process."""
     register(FORMAT, lazy("ktrain_fsdp.checkpoint:read_state_dict"))
+
+
+@hookimpl
+def ktrain_collect_memory(config: Any, mesh: Any) -> dict[str, Any] | None:
+    """FSDP's part of one rank's memory model (``ktrain_fsdp.memory``): shards, gradients, states, buffers."""
+    from ktrain_fsdp.memory import collect_memory
+
+    return collect_memory(config, mesh)

@@ -55,7 +55,7 @@ def run_cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
 
 
 def options_of(path: Path, *overrides: str) -> FsdpOptions:
-    plan = prepare(path, list(overrides))
+    plan = prepare(path, list(overrides), with_defaults=True)  # the runtime object is built on the ranks
     return plan.plugins.role_owners()["sharding"].obj.options
 
 

@@ -46,6 +46,8 @@ def ktrain_activate(config: Any, activate) -> None:
     """Replace the output layer and the loss, claiming ``op:fused_linear_cross_entropy``."""
     if not config.fused_linear_cross_entropy:
         return
-    from ktrain_fused_loss.runtime import FusedLoss
-
-    activate(FusedLoss(config), roles=("op:fused_linear_cross_entropy",), keys=("fused_linear_cross_entropy",))
+    activate(
+        "ktrain_fused_loss.runtime:FusedLoss",
+        roles=("op:fused_linear_cross_entropy",),
+        keys=("fused_linear_cross_entropy",),
+    )

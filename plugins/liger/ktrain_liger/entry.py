@@ -57,7 +57,12 @@ def ktrain_activate(config: Any, activate) -> None:
     chosen = requested(config)
     if not chosen:
         return
+    ops = tuple(dict.fromkeys(chosen.values()))
+    activate("ktrain_liger.entry:runtime", roles=tuple(f"op:{op}" for op in ops), keys=tuple(chosen))
+
+
+def runtime(config: Any) -> Any:
+    """The runtime object patching the requested ops (imports liger-kernel): built by the kernel on the ranks."""
     from ktrain_liger.runtime import Liger
 
-    ops = tuple(dict.fromkeys(chosen.values()))
-    activate(Liger(config, chosen), roles=tuple(f"op:{op}" for op in ops), keys=tuple(chosen))
+    return Liger(config, requested(config))

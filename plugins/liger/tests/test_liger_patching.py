@@ -135,7 +135,7 @@ def test_an_architecture_liger_lacks_stops_before_the_model_loads(root: Path) ->
     """On the ranks, before the model loads (``ktrain run`` on CPU ranks is refused earlier, by the device)."""
     model_dir(root, model_type="gpt2", architectures=["GPT2LMHeadModel"], n_embd=64, n_layer=2, n_head=4)
     config = write_config(root, liger_swiglu=True)  # the older spelling of liger_glu_activation
-    plan = prepare(config)
+    plan = prepare(config, with_defaults=True)  # the runtime object, as a rank builds it
     liger = next(a.obj for a in plan.plugins.activations if a.plugin.name == "liger")
     with pytest.raises(ConfigError, match="liger_swiglu: liger-kernel has no kernels for model_type 'gpt2'"):
         liger.ktrain_collect_model_kwargs(run=types.SimpleNamespace(device=torch.device("cpu")))

@@ -32,10 +32,8 @@ def ktrain_activate(config: Any, activate) -> None:
     """The adapter takes part when ``adapter`` (or ``qlora: true``) is written."""
     if adapter_kind(config) is None:
         return
-    from ktrain_lora.runtime import Lora
-
     keys = tuple(name for name in ("adapter", "qlora", "load_in_4bit", "load_in_8bit") if config.is_set(name))
-    activate(Lora(config), roles=KTRAIN_ROLES, keys=keys)
+    activate("ktrain_lora.runtime:Lora", roles=KTRAIN_ROLES, keys=keys)
 
 
 @hookimpl
@@ -58,3 +56,11 @@ def _merge(args: Any) -> int:
     from ktrain_lora.merge import merge_cli
 
     return merge_cli(args.run_dir, args.checkpoint, args.output, args.dtype)
+
+
+@hookimpl
+def ktrain_collect_memory(config: Any) -> dict[str, Any] | None:
+    """The adapter's part of one rank's memory model (``ktrain_lora.memory``): a frozen, maybe packed base."""
+    from ktrain_lora.memory import collect_memory
+
+    return collect_memory(config)

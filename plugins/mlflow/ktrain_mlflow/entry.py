@@ -53,7 +53,12 @@ def ktrain_activate(config: Any, activate: Any) -> None:
     """Activate the tracker in runs that MLflow tracks."""
     if not tracked(config):
         return
+    keys = tuple(name for name in ("use_mlflow", *ENABLING, *OPTIONS) if given(config, name))
+    activate("ktrain_mlflow.entry:tracker", keys=keys)
+
+
+def tracker(config: Any) -> Any:
+    """The tracker (its module imports mlflow when rank 0 opens the run): built by the kernel on the ranks."""
     from ktrain_mlflow.tracker import MlflowTracker
 
-    keys = tuple(name for name in ("use_mlflow", *ENABLING, *OPTIONS) if given(config, name))
-    activate(MlflowTracker(), keys=keys)
+    return MlflowTracker()

@@ -109,4 +109,4 @@ def test_a_bad_tracking_uri_warns_once_and_the_run_finishes(ktrain_project: Ktra
 @pytest.mark.parametrize("keys", [{"mlflow_tracking_uri": None}, {"mlflow_experiment_name": "x", "use_mlflow": False}])
 def test_no_mlflow_run_without_its_keys(ktrain_project: KtrainProject, keys: dict) -> None:
     plan = ktrain_project.plan(**keys)
-    assert not any(type(act.obj).__name__ == "MlflowTracker" for act in plan.plugins.activations)
+    assert not any(act.plugin.name == "mlflow" for act in plan.plugins.activations)

@@ -38,6 +38,4 @@ def ktrain_activate(config: Any, activate) -> None:
     """Active for the plugin's optimizer names: note the library class on rank 0."""
     if config.optimizer not in NAMES:
         return
-    from ktrain_optimizers.note import OptimizerNote
-
-    activate(OptimizerNote(config), keys=("optimizer",))
+    activate("ktrain_optimizers.note:OptimizerNote", keys=("optimizer",))

@@ -70,6 +70,4 @@ def ktrain_activate(config: Any, activate) -> None:
         keys.append("sequence_parallel_degree" if config.sequence_parallel_degree > 1 else "context_parallel_size")
     if not roles:
         return
-    from ktrain_parallel.runtime import Parallel
-
-    activate(Parallel(config), roles=tuple(roles), keys=tuple(keys))
+    activate("ktrain_parallel.runtime:Parallel", roles=tuple(roles), keys=tuple(keys))

@@ -47,7 +47,12 @@ def ktrain_activate(config: Any, activate: Any) -> None:
     """Activate the tracker in runs that W&B tracks."""
     if not tracked(config):
         return
+    keys = tuple(name for name in ("use_wandb", "wandb_project", *OPTIONS) if given(config, name))
+    activate("ktrain_wandb.entry:tracker", keys=keys)
+
+
+def tracker(config: Any) -> Any:
+    """The tracker (its module imports wandb when rank 0 opens the run): built by the kernel on the ranks."""
     from ktrain_wandb.tracker import WandbTracker
 
-    keys = tuple(name for name in ("use_wandb", "wandb_project", *OPTIONS) if given(config, name))
-    activate(WandbTracker(), keys=keys)
+    return WandbTracker()

@@ -147,10 +147,10 @@ def test_the_resolved_config_is_logged_once(resumed: Path, root: Path) -> None:
 )
 def test_no_wandb_run_without_a_project(ktrain_project: KtrainProject, keys: dict) -> None:
     plan = ktrain_project.plan(**keys)
-    assert not any(type(act.obj).__name__ == "WandbTracker" for act in plan.plugins.activations)
+    assert not any(act.plugin.name == "wandb" for act in plan.plugins.activations)
 
 
 def test_a_project_activates_the_tracker(ktrain_project: KtrainProject) -> None:
     plan = ktrain_project.plan(wandb_project="x", wandb_watch="gradients")
-    (act,) = [act for act in plan.plugins.activations if type(act.obj).__name__ == "WandbTracker"]
+    (act,) = [act for act in plan.plugins.activations if act.plugin.name == "wandb"]
     assert act.keys == ("wandb_project", "wandb_watch")
