@@ -161,6 +161,29 @@ def test_named_templates_train_the_assistant_replies(name: str, tmp_path: Path, 
     assert trained.lstrip().startswith("Hello") and "Ciao" in trained and "Bye" not in trained and "Hi" not in trained
 
 
+def test_eot_tokens_end_the_turns_and_drop_system_message(tmp_path: Path, model: Path, tok: Any) -> None:
+    turns = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+    ]
+    phi = transformers.AutoTokenizer.from_pretrained(model)
+    phi.add_tokens(["<|end|>"], special_tokens=True)
+    row = [{"messages": turns}]
+
+    def trained(**entry: Any) -> str:
+        got = only(build(tmp_path, model, phi, row, type="chat_template", chat_template="phi_3", **entry))
+        return phi.decode([t for t, label in zip(*got, strict=True) if label != IGNORE])
+
+    assert trained() == "Hello<|end|>\n"  # the template's turn ends in no EOS: the turn trains to its end
+    assert trained(keys={"eot_tokens": ["<|end|>"]}) == "Hello<|end|>"
+    assert trained(keys={"eot_tokens": ["<|end|>"]}, train_on_eos="none") == "Hello"
+    with pytest.raises(DataError, match=r"eot_tokens: '<end_of_turn>' is 13 tokens"):
+        build(tmp_path, model, tok, row, type="chat_template", keys={"eot_tokens": ["<end_of_turn>"]})
+    dropped = only(build(tmp_path, model, tok, row, type="chat_template", drop_system_message=True))
+    assert tok.decode(dropped[0]) == USER + "Hi<|im_end|>\n" + ASSISTANT + "Hello<|im_end|>\n"
+
+
 def test_completion_input_output_and_pretokenized(tmp_path: Path, model: Path, tok: Any) -> None:
     text = build(tmp_path, model, tok, [{"body": "some text"}], type="completion", field="body")
     want_ids = [*ids(tok, "some text"), tok.eos_token_id]
@@ -215,13 +238,13 @@ def test_bad_keys_and_hub_ids_are_errors_naming_the_key(
         "datasets": [{"path": "tatsu-lab/alpaca", "type": "alpaca"}],
         "test_datasets": [{"path": str(tmp_path / "data.jsonl"), "type": "completion", "chat_template": "chatlm"}],
         "output_dir": str(tmp_path / "out"),
-        "chat_template": "llama4",
+        "chat_template": "llama9",
     }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError) as e:
         prepare(tmp_path / "c.yaml", world_size=1)
     text = str(e.value)
-    assert "chat_template: no chat template named 'llama4'" in text
+    assert "chat_template: no chat template named 'llama9'" in text
     assert "test_datasets[0].chat_template: no chat template named 'chatlm'; did you mean 'chatml'?" in text
     config.update(
         chat_template="jinja",

@@ -1082,9 +1082,7 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "(chat_template_jinja)": (
         "chat_template_kwargs",
         "default_system_message",
-        "eot_tokens",
         "datasets[].chat_template_jinja",
-        "datasets[].drop_system_message",
         "datasets[].field_thinking",
         "datasets[].template_thinking_key",
         "datasets[].split_thinking",

@@ -41,6 +41,7 @@ class DatasetEntry:
         None, "which end-of-turn tokens train: those of trained turns (turn, the default), last, all, none"
     )
     chat_template: str | None = key(None, "chat template for this dataset only (names as for chat_template)")
+    drop_system_message: bool = key(False, "chat: leave out the conversation's first turn when it is a system turn")
 
 
 @attrs.define(kw_only=True)
@@ -93,6 +94,9 @@ class DataKeys:
         None, "chat datasets' template: tokenizer_default, chatml, qwen, llama3, gemma, phi_3, or jinja"
     )
     chat_template_jinja: str | None = key(None, "the text of a Jinja chat template (chat_template: jinja)")
+    eot_tokens: list[str] | None = key(
+        None, "chat: the tokens that end a turn (default the tokenizer's EOS); train_on_eos chooses which train"
+    )
     shuffle_merged_datasets: bool = key(True, "shuffle rows of all datasets together, with the seed")
     dataset_prepared_path: str | None = key(
         None, "folder of the tokenized-dataset cache (default: prepared/ in output_dir); see `ktrain preprocess`"

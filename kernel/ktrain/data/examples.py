@@ -113,6 +113,7 @@ def tokenize_entry(
     if entry.type in ("chat_template", "sharegpt"):
         try:
             templates.resolve(templates.template_name(entry, config), config, tokenizer, "chat_template")
+            templates.end_of_turn_ids(config, tokenizer)
         except ValueError as e:
             key = f"{where}.chat_template" if entry.chat_template else "chat_template"
             raise DataError(str(e).replace("chat_template:", f"{key}:", 1)) from None

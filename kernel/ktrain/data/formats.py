@@ -80,9 +80,13 @@ def chat_template(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | 
     which turn. Turns of ``roles_to_train`` (default: assistant) carry labels: for an assistant turn,
     what follows the generation prompt; for other roles, the turn's content onwards. ``train_on_eos``
     (default ``turn``) decides the end-of-turn token: ``turn`` trains it and nothing after it in the turn,
-    ``none`` neither, ``last`` only in the last trained turn, ``all`` in every turn.
+    ``none`` neither, ``last`` only in the last trained turn, ``all`` in every turn. The end-of-turn tokens
+    are those of ``eot_tokens`` (default: the tokenizer's EOS). ``drop_system_message`` leaves out a first
+    system turn.
     """
     messages = _messages(row, entry)
+    if entry.drop_system_message and messages and messages[0]["role"] == "system":
+        messages = messages[1:]
     if not messages:
         return None
     name = templates.template_name(entry, config)
@@ -97,7 +101,7 @@ def chat_template(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | 
         return {"input_ids": ids, "labels": list(ids)}
     trained_roles = set(entry.roles_to_train or ["assistant"])
     eos_mode = entry.train_on_eos or "turn"
-    eos = tokenizer.eos_token_id
+    ends = templates.end_of_turn_ids(config, tokenizer)
     labels = [IGNORE] * len(ids)
     starts = [a for a, _ in offsets]  # non-decreasing: a turn's tokens are found by bisection
     turns = [i for i, m in enumerate(messages) if m["role"] in trained_roles]
@@ -116,7 +120,7 @@ def chat_template(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | 
         span = [t for t in range(lo, hi) if offsets[t][1] > offsets[t][0]]
         if not span:
             continue
-        last_eos = max((t for t in span if ids[t] == eos), default=None)
+        last_eos = max((t for t in span if ids[t] in ends), default=None)
         stop = span[-1] if last_eos is None else last_eos
         keep_eos = eos_mode == "turn" or eos_mode == "all" or (eos_mode == "last" and i == turns[-1])
         if last_eos is not None and not keep_eos:
@@ -125,7 +129,7 @@ def chat_template(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | 
             if t <= stop:
                 labels[t] = ids[t]
     if eos_mode == "all":
-        labels = [t if t == eos else label for t, label in zip(ids, labels, strict=True)]
+        labels = [t if t in ends else label for t, label in zip(ids, labels, strict=True)]
     return {"input_ids": ids, "labels": labels}
 
 

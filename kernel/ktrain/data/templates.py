@@ -81,3 +81,22 @@ def resolve(name: str, config: Any, tokenizer: Any, key: str) -> str:
     if name in NAMED:
         return NAMED[name]
     return (FOLDER / f"{name}.jinja").read_text(encoding="utf-8")
+
+
+def end_of_turn_ids(config: Any, tokenizer: Any) -> set[int]:
+    """The ids of the tokens that end a chat turn: those of ``eot_tokens``, else the tokenizer's EOS.
+
+    A token of ``eot_tokens`` that is not one token of the tokenizer raises ``ValueError`` naming the key.
+    """
+    if not config.eot_tokens:
+        return {tokenizer.eos_token_id}
+    found = set()
+    for token in config.eot_tokens:
+        ids = tokenizer(token, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise ValueError(
+                f"eot_tokens: {token!r} is {len(ids)} tokens of this tokenizer, not one; "
+                "add it to the vocabulary with tokens: [...] or name the template's own end-of-turn token"
+            )
+        found.add(ids[0])
+    return found
