@@ -32,6 +32,7 @@ role                  hooks                                       default owner
 ``lr_scheduler``      build_lr_scheduler                          ``ktrain.builtin.schedulers``
 ``checkpoint_format`` save_checkpoint, load_checkpoint            ``ktrain.builtin.local_checkpoint``
 ``export``            export_model                                ``ktrain.builtin.hf_model``
+``objective``         build_objective                             ``ktrain.builtin.causal_lm``
 ``mesh:<dim>``        parallelize over a mesh dimension           none: a size > 1 needs an owner
 ===================== =========================================== ==================================
 """
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     from ktrain.config.report import Report
     from ktrain.engine import Engine
     from ktrain.memory.shape import ModelShape
+    from ktrain.objective import Objective
 
 # ``run`` is the rank's ``ktrain.run.context.Run`` (see docs/writing-plugins.md). It is not imported here even
 # for type checking: a Run holds the run's plan, whose plugin manager imports this module.
@@ -305,6 +307,21 @@ def ktrain_wrap_train_step(step: Callable[..., Any], run: Any) -> Callable[..., 
 
     Called once on every rank before the loop; each returns a replacement or None. The returned
     callable must call the one it got. Evaluation goes through it too (``num_items`` 1, no gradients).
+    """
+
+
+@hookspec(firstresult=True)
+def ktrain_build_objective(run: Any, engine: Engine) -> Objective:
+    """Return the training objective: what a row counts for, how rows are collated, and the loss.
+
+    Called on every rank once, after ``ktrain_shard`` (``engine.module`` is what the loss calls;
+    ``run.model`` the model before data parallelism, e.g. to switch an adapter off for a reference).
+    The answer is a ``ktrain.objective.Objective``: ``items(row)`` (what a row adds to the divisor of
+    the loss: trained tokens, pairs), ``collate(rows, pad_id, pad_to, packed_attention, device)`` and
+    ``loss(model, batch, num_items)`` (the items' loss sum over ``num_items``, the items of the global
+    batch divided by ``run.mesh.gradient_ranks``), so the loss is that of the whole global batch for any
+    split into ranks and micro-batches. ``ktrain_wrap_train_step`` wraps the call of ``loss``; evaluation
+    goes through it too. Role ``objective``; first result wins. Default: the causal-LM loss.
     """
 
 

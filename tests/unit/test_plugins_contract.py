@@ -448,7 +448,7 @@ def test_check_lists_the_owner_of_every_role(config, capsys) -> None:
 
 
 def test_hookspec_docstrings_name_the_role_of_every_firstresult_hook() -> None:
-    roles = {"model_loader", "sharding", "optimizer", "lr_scheduler", "checkpoint_format", "export"}
+    roles = {"model_loader", "sharding", "optimizer", "lr_scheduler", "checkpoint_format", "export", "objective"}
     for name, spec in vars(hookspecs).items():
         if name.startswith("ktrain_") and spec.ktrain_spec["firstresult"]:
             doc = textwrap.dedent(spec.__doc__ or "")

@@ -21,7 +21,7 @@ import torch
 
 from ktrain.config.report import ConfigError
 from ktrain.data import pipeline, templates
-from ktrain.data.batches import PlannedRows, collate, row_tokens, row_trained
+from ktrain.data.batches import PlannedRows, row_tokens
 from ktrain.data.examples import Example
 from ktrain.data.pipeline import TrainData
 from ktrain.data.stream import StreamRows
@@ -90,6 +90,7 @@ class Trainer:
         )
         if run.compute_dtype == torch.float16 and not self.engine.owns_backward:
             self.engine.scaler = torch.amp.GradScaler(run.device.type)
+        self.objective = run.hook.ktrain_build_objective(run=run, engine=self.engine)
         self.step_fn = run.plan.plugins.transform("ktrain_wrap_train_step", "step", self._forward, run=run)
 
     def _total_steps(self, plan: PlannedRows | StreamRows) -> int:
@@ -113,8 +114,7 @@ class Trainer:
     # ---------------------------------------------------------------- steps
 
     def _forward(self, batch: dict[str, torch.Tensor], num_items: float) -> torch.Tensor:
-        out = self.engine.module(**batch, num_items_in_batch=to_device(torch.tensor(num_items), self.run.device))
-        return out.loss
+        return self.objective.loss(self.engine.module, batch, num_items)
 
     def _autocast(self) -> Any:
         dtype = self.run.compute_dtype
@@ -124,7 +124,8 @@ class Trainer:
 
     def _to_device(self, rows: list[list[Example]], packed: bool) -> dict[str, Any]:
         pad_to = self.config.sequence_len if self.config.pad_to_sequence_len else None
-        batch = collate(rows, self.run.pad_id, pad_to, self.attention if packed else None, self.run.device)
+        attention = self.attention if packed else None
+        batch = self.objective.collate(rows, self.run.pad_id, pad_to, attention, self.run.device)
         return {
             k: to_device(v, self.run.device) if isinstance(v, torch.Tensor) else v.to(self.run.device)
             for k, v in batch.items()
@@ -133,7 +134,7 @@ class Trainer:
     def _train_step(self, step: int, data: TrainData) -> tuple[float, int, int]:
         """One optimizer step; returns (local loss sum, global trained tokens, global input tokens)."""
         rows = data.train.step(step)
-        global_tokens = sum(row_trained(row) for rank in rows for micro in rank for row in micro)
+        global_tokens = sum(self.objective.items(row) for rank in rows for micro in rank for row in micro)
         input_tokens = sum(row_tokens(row) for rank in rows for micro in rank for row in micro)
         num_items = max(global_tokens, 1) / self.run.mesh.gradient_ranks
         mine = rows[self.dp_rank]
@@ -170,7 +171,7 @@ class Trainer:
                 loss = self.step_fn(batch, 1.0)
             if rows:
                 loss_sum += float(loss)
-                tokens += sum(row_trained(row) for row in rows)
+                tokens += sum(self.objective.items(row) for row in rows)
         self.engine.train(True)
         total_loss, total_tokens = distributed.all_reduce_sum([loss_sum, tokens], self.run.device)
         mesh = self.run.mesh
