@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from ktrain.config.report import Report
     from ktrain.engine import Engine
     from ktrain.memory.shape import ModelShape
-    from ktrain.objective import Objective
+    from ktrain.run.objective import Objective
 
 # ``run`` is the rank's ``ktrain.run.context.Run`` (see docs/writing-plugins.md). It is not imported here even
 # for type checking: a Run holds the run's plan, whose plugin manager imports this module.
@@ -316,7 +316,7 @@ def ktrain_build_objective(run: Any, engine: Engine) -> Objective:
 
     Called on every rank once, after ``ktrain_shard`` (``engine.module`` is what the loss calls;
     ``run.model`` the model before data parallelism, e.g. to switch an adapter off for a reference).
-    The answer is a ``ktrain.objective.Objective``: ``items(row)`` (what a row adds to the divisor of
+    The answer is a ``ktrain.run.objective.Objective``: ``items(row)`` (what a row adds to the divisor of
     the loss: trained tokens, pairs), ``collate(rows, pad_id, pad_to, packed_attention, device)`` and
     ``loss(model, batch, num_items)`` (the items' loss sum over ``num_items``, the items of the global
     batch divided by ``run.mesh.gradient_ranks``), so the loss is that of the whole global batch for any

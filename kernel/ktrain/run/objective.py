@@ -13,13 +13,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from ktrain.data.examples import Example
+# A row is a list of ``ktrain.data.examples.Example`` (one, or several packed); not imported here, so that
+# the hook contract (``ktrain.hookspecs``) can name this module without an import circle.
+Row = list[Any]
 
 
 class Objective(Protocol):
     """The training objective of a run; the loss of a step is the mean over the items of its global batch."""
 
-    def items(self, row: list[Example]) -> int:
+    def items(self, row: Row) -> int:
         """How many items ``row`` adds to the divisor of the loss: trained tokens, pairs, ...
 
         The kernel sums it over the rows of the whole global batch (every micro-batch and data-parallel
@@ -28,7 +30,7 @@ class Objective(Protocol):
         ...
 
     def collate(
-        self, rows: list[list[Example]], pad_id: int, pad_to: int | None, packed_attention: str | None, device: Any
+        self, rows: list[Row], pad_id: int, pad_to: int | None, packed_attention: str | None, device: Any
     ) -> dict[str, Any]:
         """The tensors of one micro-batch's rows (on the CPU; the kernel moves them to the device).
 
