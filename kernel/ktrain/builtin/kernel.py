@@ -89,7 +89,9 @@ def _check_batch(config: Any, report: Any) -> None:
             report.error(name, f"must be at least 1, not {getattr(config, name)}")
     for name in ("max_steps", "eval_steps", "save_steps", "saves_per_epoch", "evals_per_epoch", "save_total_limit"):
         value = getattr(config, name)
-        if value is not None and value < 1:
+        if name == "evals_per_epoch" and value == 0:
+            report.warn(name, "is 0: no evaluation within the epochs, as when left out")
+        elif value is not None and value < 1:
             report.error(name, f"must be at least 1 (or left out), not {value}")
     if config.num_epochs <= 0 and config.max_steps is None:
         report.error("num_epochs", f"must be positive, not {config.num_epochs}")

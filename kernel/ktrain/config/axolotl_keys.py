@@ -738,8 +738,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "kto_desirable_weight",
         "kto_undesirable_weight",
         "rl_beta",
-        "datasets[].field_chosen",
-        "datasets[].field_rejected",
         "nemo_gym_enabled",
         "nemo_gym_dir",
         "nemo_gym_auto_clone",
@@ -778,10 +776,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "load_best_model_at_end",
         "metric_for_best_model",
         "greater_is_better",
-    ),
-    "a loss-threshold watchdog is not supported yet; nan_policy stops or skips a step on a NaN or inf loss": (
-        "loss_watchdog_threshold",
-        "loss_watchdog_patience",
     ),
     "offloading activations is written gradient_checkpointing: offload in ktrain": (
         "activation_offloading",

@@ -35,6 +35,8 @@ class DatasetEntry:
     field_input: str | None = key(None, "alpaca: field holding the optional input (default `input`)")
     field_output: str | None = key(None, "alpaca: field holding the response (default `output`)")
     field_messages: str | None = key(None, "field holding the chat turns (default `messages`)")
+    field_chosen: str | None = key(None, "preference pairs: field holding the chosen answer (default `chosen`)")
+    field_rejected: str | None = key(None, "preference pairs: field holding the rejected answer (default `rejected`)")
     message_property_mappings: dict[str, str] | None = key(None, "names of `role`/`content` in each turn")
     roles_to_train: list[str] | None = key(None, "roles whose turns carry labels (default assistant)")
     train_on_eos: Literal["turn", "last", "all", "none"] | None = key(
@@ -166,6 +168,12 @@ class RunKeys:
     seed: int = key(42, "seed of weights, shuffling and dropout")
     nan_policy: Literal["stop", "skip"] = key(
         "stop", "a NaN or inf loss on any rank: stop before the optimizer step, or skip that step on every rank"
+    )
+    loss_watchdog_threshold: float | None = key(
+        None, "stop the run when the logged loss stays above this (no final model; the checkpoints stay)"
+    )
+    loss_watchdog_patience: int = key(
+        3, "logged steps in a row above loss_watchdog_threshold that stop the run", validator=attrs.validators.ge(1)
     )
     exact_match_eval: str | None = key(
         None, "chat jsonl whose assistant answers are checked by greedy generation before and after training"

@@ -7,6 +7,10 @@ weight changes; the loop never reaches the save of that step. ``nan_policy: skip
 gradients on every rank and goes on: the weights, the optimizer and the schedule stay as they were.
 The same collective carries each rank's stop request (``ktrain.run.stop``): a rank sent SIGINT or
 SIGTERM stops every rank here, before the optimizer step.
+
+``LossWatchdog`` is the check on the logged loss: above ``loss_watchdog_threshold`` on
+``loss_watchdog_patience`` logged steps in a row, the run stops (every rank sees the same reduced loss,
+so all stop at the same step). The checkpoints saved until then stay; no final model is written.
 """
 
 from __future__ import annotations
@@ -21,6 +25,28 @@ from ktrain.run.context import Run
 
 class NonFiniteLoss(RuntimeError):
     """A NaN or inf loss under ``nan_policy: stop``."""
+
+
+class LossTooHigh(RuntimeError):
+    """The logged loss stayed above ``loss_watchdog_threshold`` for ``loss_watchdog_patience`` logged steps."""
+
+
+class LossWatchdog:
+    """Counts the logged steps in a row whose loss is above the threshold; stops the run at the patience."""
+
+    def __init__(self, threshold: float | None, patience: int):
+        self.threshold, self.patience, self.streak = threshold, patience, 0
+
+    def observe(self, step: int, loss: float) -> None:
+        """Take the logged ``loss`` of ``step``; raise ``LossTooHigh`` when the streak reaches the patience."""
+        if self.threshold is None:
+            return
+        self.streak = self.streak + 1 if loss > self.threshold else 0
+        if self.streak >= self.patience:
+            raise LossTooHigh(
+                f"loss {loss:.4g} at step {step}, above loss_watchdog_threshold ({self.threshold:g}) on "
+                f"{self.streak} logged step(s) in a row (loss_watchdog_patience): stopped"
+            )
 
 
 def skipped(run: Run, engine: Any, step: int, loss_sum: float) -> bool:

@@ -244,6 +244,7 @@ class Trainer:
         run, config = self.run, self.config
         window_loss = window_tokens = window_inputs = 0.0
         window_start, last_saved, metrics = time.perf_counter(), start, {}
+        watchdog = nonfinite.LossWatchdog(config.loss_watchdog_threshold, config.loss_watchdog_patience)
         for step in range(start, total):
             run.step = step + 1
             loss_sum, tokens, inputs = self._train_step(step, data)
@@ -266,6 +267,7 @@ class Trainer:
                 metrics["peak_mem_gib"] = peak_memory_gib(run.device)
                 metrics.update(run.plan.plugins.collect("ktrain_collect_metrics", "metric", run=run, step=run.step))
                 run.log.write(run.step, metrics)
+                watchdog.observe(run.step, metrics["loss"])
                 window_loss = window_tokens = window_inputs = 0.0
                 window_start = time.perf_counter()
             else:  # the loss and the gradient norm are read from the device on logged steps only
