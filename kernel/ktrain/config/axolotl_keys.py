@@ -712,7 +712,6 @@ ACCEPTED: dict[str, tuple[str, ...]] = {
 UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "preference tuning and RL (DPO, ORPO, KTO, GRPO, reward models) need a plugin that is not installed; "
     "ktrain trains supervised and pretraining objectives": (
-        "rl",
         "trl",
         "vllm",
         "ebft",
@@ -725,7 +724,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "dpo_generate_during_eval",
         "dpo_norm_loss",
         "dpo_use_weighting",
-        "dpo_label_smoothing",
         "dpo_use_liger_kernel",
         "dpo_padding_free",
         "dpo_loss_type",
@@ -737,7 +735,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "cpo_alpha",
         "kto_desirable_weight",
         "kto_undesirable_weight",
-        "rl_beta",
         "nemo_gym_enabled",
         "nemo_gym_dir",
         "nemo_gym_auto_clone",

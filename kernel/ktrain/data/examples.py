@@ -117,7 +117,7 @@ def tokenize_entry(
         except ValueError as e:
             key = f"{where}.chat_template" if entry.chat_template else "chat_template"
             raise DataError(str(e).replace("chat_template:", f"{key}:", 1)) from None
-    limit = config.sequence_len
+    limit = config.sequence_len * getattr(tokenize, "sequences", 1)  # a format storing a pair sets sequences = 2
     for index, row in enumerate(iter_rows(entry, where)):
         stats.samples += 1
         problem = None

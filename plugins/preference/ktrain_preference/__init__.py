@@ -1,0 +1,1 @@
+"""ktrain-plugin-preference: preference tuning (DPO, IPO) as the run's training objective."""

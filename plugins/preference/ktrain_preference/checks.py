@@ -1,0 +1,34 @@
+"""The checks of a preference config: the method, the datasets' type, and what pairs cannot be trained with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ktrain_preference.keys import GENERATION_METHODS, METHODS, PAIR_FORMAT
+
+
+def validate(config: Any, report: Any) -> None:
+    """Refuse a method that needs generation or is unknown, packing, and datasets that are not pairs."""
+    method = config.rl
+    if method is None:
+        for i, entry in enumerate(config.datasets or []):
+            if entry.type == PAIR_FORMAT:
+                report.error(f"datasets[{i}].type", f"{PAIR_FORMAT} holds preference pairs: set rl: dpo (or ipo)")
+        return
+    if method in GENERATION_METHODS:
+        report.error("rl", f"{method} needs a generation engine; not supported yet (rl: {' or '.join(METHODS)} are)")
+        return
+    if method not in METHODS:
+        report.error("rl", f"'{method}' is not a method of ktrain-plugin-preference; use {' or '.join(METHODS)}")
+        return
+    if config.rl_beta is not None and config.rl_beta <= 0:
+        report.error("rl_beta", "must be above 0")
+    if not 0 <= config.dpo_label_smoothing < 0.5:
+        report.error("dpo_label_smoothing", "must be at least 0 and below 0.5")
+    if config.dpo_label_smoothing and method != "dpo":
+        report.error("dpo_label_smoothing", "applies to rl: dpo only; leave it out")
+    if config.sample_packing:
+        report.error("sample_packing", "preference pairs are not packed; set sample_packing: false")
+    for i, entry in enumerate(config.datasets or []):
+        if entry.type != PAIR_FORMAT:
+            report.error(f"datasets[{i}].type", f"rl: {method} trains on preference pairs: set type: {PAIR_FORMAT}")

@@ -1,0 +1,39 @@
+"""Entry module of ktrain-plugin-preference: the rl keys, their checks, and the pair dataset format.
+
+Imports nothing heavy: torch is imported by the runtime object (``ktrain_preference.runtime``), which
+is activated only when ``rl`` is written, and owns the run's objective.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ktrain import hookimpl
+from ktrain_preference.checks import validate
+from ktrain_preference.keys import PAIR_FORMAT, PreferenceKeys
+from ktrain_preference.pairs import tokenize_pair
+
+
+@hookimpl
+def ktrain_register_config(register) -> None:
+    register(PreferenceKeys)
+
+
+@hookimpl
+def ktrain_register_dataset_formats(register) -> None:
+    register(PAIR_FORMAT, tokenize_pair)
+
+
+@hookimpl
+def ktrain_validate_config(config: Any, report: Any) -> None:
+    """The method, the datasets' type and packing (``ktrain_preference.checks``)."""
+    validate(config, report)
+
+
+@hookimpl
+def ktrain_activate(config: Any, activate) -> None:
+    """Preference tuning takes part when ``rl`` is written; it owns the run's objective."""
+    if config.rl is None:
+        return
+    keys = tuple(name for name in ("rl", "rl_beta", "dpo_label_smoothing") if config.is_set(name))
+    activate("ktrain_preference.runtime:Preference", roles=("objective",), keys=keys)

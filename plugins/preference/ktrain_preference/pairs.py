@@ -1,0 +1,108 @@
+"""Preference rows into samples: the prompt with the chosen answer, then the prompt with the rejected one.
+
+One sample holds both sequences end to end, ``prompt + chosen + prompt + rejected``; the answers carry
+labels, the prompts -100, so the chosen answer is the first run of labels and the rejected sequence
+starts at the first -100 after it (``split``). The kernel cuts such a sample at twice ``sequence_len``
+(``tokenize_pair.sequences``); each sequence is cut at ``sequence_len`` here, keeping its start, as
+TRL's DPOTrainer does.
+
+Rows are Axolotl's ``chat_template.default`` (the prompt's turns in ``field_messages``, the answers in
+``field_chosen`` and ``field_rejected``: text, a turn, or a list of turns whose last is the answer) or
+TRL's ``prompt``/``chosen``/``rejected``. Turns are rendered with the chat template: the prompt with the
+generation prompt, then prompt and answer as one conversation; the answer is what follows their common
+prefix. All-text rows with a ``prompt`` field are plain text: the answer gets the EOS token and the
+tokenizer its special tokens, as in TRL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ktrain.data import templates
+from ktrain.data.formats import IGNORE
+
+
+def _turn(value: Any, mapping: dict[str, str], role: str) -> dict[str, str]:
+    """One ``{"role", "content"}`` turn: text becomes a turn of ``role``."""
+    if isinstance(value, str):
+        return {"role": role, "content": value}
+    if not isinstance(value, dict):
+        raise TypeError(f"a turn is a {type(value).__name__}, not text or an object")
+    role_key, content_key = mapping.get("role", "role"), mapping.get("content", "content")
+    if role_key not in value or content_key not in value:
+        raise KeyError(f"{role_key}/{content_key}")
+    return {"role": value[role_key], "content": value[content_key]}
+
+
+def _answer(value: Any, mapping: dict[str, str]) -> dict[str, str]:
+    """The answer turn: text, a turn, or the last of a list of turns."""
+    if isinstance(value, list):
+        if not value:
+            raise ValueError("an answer is an empty list of turns")
+        value = value[-1]
+    return _turn(value, mapping, "assistant")
+
+
+def _prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _sequences(row: dict, tokenizer: Any, entry: Any, config: Any) -> tuple[list[int], list[int], list[int]]:
+    """Token ids of the prompt, prompt + chosen, and prompt + rejected."""
+    field = entry.field_messages or ("prompt" if "prompt" in row else "messages")
+    chosen_field, rejected_field = entry.field_chosen or "chosen", entry.field_rejected or "rejected"
+    for name in (field, chosen_field, rejected_field):
+        if row.get(name) is None:
+            raise KeyError(name)
+    prompt, chosen, rejected = row[field], row[chosen_field], row[rejected_field]
+    if field == "prompt" and all(isinstance(v, str) for v in (prompt, chosen, rejected)):
+        eos = tokenizer.eos_token or ""
+        chosen, rejected = (v if v.endswith(eos) else v + eos for v in (chosen, rejected))
+        ids = [tokenizer(text)["input_ids"] for text in (prompt, prompt + chosen, prompt + rejected)]
+        return ids[0], ids[1], ids[2]
+    mapping = entry.message_property_mappings or {}
+    turns = [_turn(prompt, mapping, "user")] if isinstance(prompt, str) else [_turn(t, mapping, "user") for t in prompt]
+    template = templates.resolve(templates.template_name(entry, config), config, tokenizer, "chat_template")
+
+    def render(messages: list[dict], generation_prompt: bool) -> list[int]:
+        out = tokenizer.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=generation_prompt, chat_template=template, return_dict=True
+        )
+        return list(out["input_ids"])
+
+    return (
+        render(turns, True),
+        render([*turns, _answer(chosen, mapping)], False),
+        render([*turns, _answer(rejected, mapping)], False),
+    )
+
+
+def tokenize_pair(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | None:
+    """A preference row as one sample ``prompt + chosen + prompt + rejected``, the answers labelled."""
+    prompt, with_chosen, with_rejected = _sequences(row, tokenizer, entry, config)
+    start = min(_prefix(prompt, with_chosen), _prefix(prompt, with_rejected))
+    limit = config.sequence_len
+    if start == 0:
+        raise ValueError("the prompt is empty")
+    if start >= limit:
+        raise ValueError(f"the prompt's {start} tokens fill sequence_len {limit}: no answer token is left")
+    chosen, rejected = with_chosen[:limit], with_rejected[:limit]
+    if len(chosen) == start or len(rejected) == start:
+        raise ValueError("an answer is empty")
+    labels = [IGNORE] * start + chosen[start:] + [IGNORE] * start + rejected[start:]
+    return {"input_ids": chosen + rejected, "labels": labels}
+
+
+tokenize_pair.sequences = 2  # type: ignore[attr-defined]
+
+
+def split(labels: Sequence[int]) -> int:
+    """Where the rejected sequence starts in a pair's sample: the first -100 after the first labelled token."""
+    at = next(i for i, label in enumerate(labels) if label != IGNORE)
+    return next(i for i in range(at, len(labels)) if labels[i] == IGNORE)

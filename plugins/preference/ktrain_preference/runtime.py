@@ -1,0 +1,41 @@
+"""The runtime object of a preference run: the reference model, the objective, and its metrics.
+
+Registered by the entry module only when ``rl`` is written; it owns the role ``objective``. The
+reference is the base with the adapter switched off when the model is a peft adapter (no copy), else a
+frozen copy of the model as loaded, taken before any training step (so a resumed run has the same one).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ktrain import hookimpl
+
+
+class Preference:
+    """Owner of ``objective`` in preference runs (``rl: dpo``, ``rl: ipo``)."""
+
+    def __init__(self, config: Any):
+        self.config = config
+        self.copy: Any = None
+        self.objective: Any = None
+
+    @hookimpl(trylast=True)
+    def ktrain_wrap_model(self, model: Any, run: Any) -> None:
+        """Keep a frozen copy of the loaded model as the reference, unless an adapter can be switched off."""
+        if not hasattr(model, "disable_adapter"):
+            self.copy = copy.deepcopy(model)
+
+    @hookimpl
+    def ktrain_build_objective(self, run: Any, engine: Any) -> Any:
+        from ktrain_preference.objective import PairObjective, adapter_off, frozen
+
+        reference = adapter_off(run.model) if self.copy is None else frozen(self.copy.to(run.device))
+        self.objective = PairObjective(self.config, reference, run.device)
+        return self.objective
+
+    @hookimpl
+    def ktrain_collect_metrics(self, run: Any, step: int) -> dict[str, float]:
+        """TRL's rewards/* and logps/* of the pairs trained since the last logged step."""
+        return self.objective.metrics()
