@@ -193,3 +193,12 @@ def test_slurm_refuses_a_bad_config_and_writes_nothing(
     assert main([*argv[:3], "0", *argv[4:]]) == 2
     assert "--nodes: is 0" in capsys.readouterr().err
     assert not script.exists()
+
+
+def test_env_prints_the_settings_rendezvous_and_network_problems_need(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ktrain.commands.env import describe_environment
+
+    for name, value in {"GLOO_SOCKET_IFNAME": "eth1", "MASTER_PORT": "6000", "PET_NNODES": "2"}.items():
+        monkeypatch.setenv(name, value)
+    settings = describe_environment().split("settings:\n")[1].split("\n\n")[0]
+    assert {"  GLOO_SOCKET_IFNAME=eth1", "  MASTER_PORT=6000", "  PET_NNODES=2"} <= set(settings.splitlines())

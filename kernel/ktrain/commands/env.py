@@ -59,7 +59,8 @@ def describe_environment() -> str:
         ("mpi", dist.is_mpi_available()),
     ):
         lines.append(f"  {name}: {'yes' if available else 'no'}")
-    settings = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "TORCH_NCCL", "CUDA_VISIBLE", "KTRAIN_"))}
+    prefixes = ("NCCL_", "TORCH_NCCL", "CUDA_VISIBLE", "KTRAIN_", "GLOO_", "MASTER_", "PET_", "TORCH_DISTRIBUTED")
+    settings = {k: v for k, v in os.environ.items() if k.startswith(prefixes)}
     lines += ["", "settings:"] + ([f"  {k}={v}" for k, v in sorted(settings.items())] or ["  (none set)"])
     lines += ["", "plugins:"]
     lines += [f"  {i.name}: {i.distribution} {i.version}" for i in discover().infos]
