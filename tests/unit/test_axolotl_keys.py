@@ -102,10 +102,9 @@ def test_unsupported_keys_are_refused_with_what_ktrain_offers(tmp_path, tiny_mod
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.splitlines()
     expected = {
-        "rl: not supported: preference tuning": "need a plugin that is not installed",
         "processor_type: not supported: vision": "not supported by ktrain yet",
         "unfrozen_parameters: not supported": "adapter: lora",
-        "loss_watchdog_threshold: not supported": "nan_policy",
+        "group_by_length: not supported": "sample_packing",
         "plugins[0]: axolotl.integrations.swanlab.SwanLabPlugin": "no ktrain equivalent",
         "datasets[0].field_human: not supported": "message_property_mappings",
         "fsdp_config.mixed_precision_policy: not supported": "bf16",
@@ -113,6 +112,32 @@ def test_unsupported_keys_are_refused_with_what_ktrain_offers(tmp_path, tiny_mod
     for start, says in expected.items():
         assert any(start in line and says in line for line in lines), f"{start} ... {says}\n{result.stderr}"
     assert "unknown key" not in result.stderr
+
+
+def test_activation_offloading_and_batch_size_are_translated(tmp_path, tiny_model_dir, tiny_chat_jsonl) -> None:
+    path = _write("lora_sft.yaml", tmp_path, tiny_model_dir, tiny_chat_jsonl)
+    plan = prepare(
+        path,
+        [
+            "gradient_checkpointing=true",
+            "activation_offloading=true",
+            "batch_size=8",
+            "micro_batch_size=2",
+            "gradient_accumulation_steps=null",
+        ],
+    )
+    notes = {str(p.path): p.message for p in plan.warnings}
+    assert (
+        plan.config.gradient_checkpointing == "offload"
+        and "gradient_checkpointing: offload" in notes["activation_offloading"]
+    )
+    assert plan.config.gradient_accumulation_steps == 4 and "gradient_accumulation_steps: 4" in notes["batch_size"]
+    written = prepare(path, ["batch_size=8", "gradient_accumulation_steps=2"])
+    assert written.config.gradient_accumulation_steps == 2
+    with pytest.raises(ConfigError) as e:
+        prepare(path, ["gradient_checkpointing=false", "activation_offloading=true", "batch_size=0"])
+    assert "activation_offloading: needs gradient_checkpointing: true" in str(e.value)
+    assert "batch_size: expected a positive integer" in str(e.value)
 
 
 def test_a_typo_is_still_unknown_with_did_you_mean(tmp_path, tiny_model_dir, tiny_chat_jsonl) -> None:

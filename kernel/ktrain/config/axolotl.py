@@ -21,7 +21,9 @@ from ktrain.config.report import Report
 NESTED = {"datasets": "datasets[]", "test_datasets": "datasets[]", "pretraining_dataset": "datasets[]"}
 NESTED_MAPPINGS = ("fsdp_config",)
 INTEGRATION_PREFIX = "axolotl.integrations."
-HANDLED_HERE = ("plugins",)  # owned by the kernel, read by this module (no section declares it)
+# Owned by the kernel and read by this module (no section declares them): ``plugins:``, and Axolotl's other
+# spellings of kernel keys, each translated with a note.
+HANDLED_HERE = ("plugins", "activation_offloading", "batch_size")
 
 _CLASS = {name: ("accepted", reason) for reason, names in ACCEPTED.items() for name in names}
 _CLASS |= {name: ("unsupported", reason) for reason, names in UNSUPPORTED.items() for name in names}
@@ -56,13 +58,51 @@ def sift(data: dict[Any, Any], sections: dict[str, type], report: Report, instal
             kept[name] = value
         elif name in sections:
             kept[name] = _sift_inside(name, value, sections[name], report)
-        elif name in HANDLED_HERE:
+        elif name == "plugins":
             check_plugins(value, report, installed)
+        elif name in HANDLED_HERE:
+            pass  # translated below, once every key is read
         elif name in first_party or (verdict := classify(name)) is None:
             kept[name] = value  # a first-party plugin's key (named with its install command) or unknown
         else:
             _judge(name, value, verdict, report)
+    if data.get("activation_offloading") is not None:
+        _activation_offloading(data["activation_offloading"], kept, report)
+    if data.get("batch_size") is not None:
+        _batch_size(data["batch_size"], kept, report)
     return kept
+
+
+def _activation_offloading(value: Any, kept: dict[Any, Any], report: Report) -> None:
+    """Axolotl's ``activation_offloading`` beside ``gradient_checkpointing: true``: what is saved for backward
+    is then each block's input, which ``gradient_checkpointing: offload`` holds in host memory."""
+    key = "activation_offloading"
+    if value is False:
+        report.warn(key, "accepted as off")
+    elif value not in (True, "legacy"):
+        report.error(key, f"{value!r} is not supported; true (with gradient_checkpointing: true) is")
+    elif kept.get("gradient_checkpointing") not in (True, "offload"):
+        report.error(key, "needs gradient_checkpointing: true; or write gradient_checkpointing: offload alone")
+    else:
+        kept["gradient_checkpointing"] = "offload"
+        report.warn(key, "read as gradient_checkpointing: offload (each block's saved input in host memory)")
+
+
+def _batch_size(value: Any, kept: dict[Any, Any], report: Report) -> None:
+    """Axolotl's ``batch_size``: rows per rank per optimizer step, so ``gradient_accumulation_steps`` is
+    ``batch_size // micro_batch_size`` unless written; when written, ``batch_size`` is not used."""
+    micro = kept.get("micro_batch_size", 1)
+    if not isinstance(value, int) or isinstance(value, bool) or not isinstance(micro, int) or value < 1:
+        report.error("batch_size", f"expected a positive integer (rows per rank per optimizer step), got {value!r}")
+    elif kept.get("gradient_accumulation_steps") is not None:
+        report.warn("batch_size", "not used: gradient_accumulation_steps is written, and with micro_batch_size sets it")
+    elif value < micro:
+        report.error("batch_size", f"is smaller than micro_batch_size ({micro}); write gradient_accumulation_steps")
+    else:
+        kept["gradient_accumulation_steps"] = value // micro
+        report.warn(
+            "batch_size", f"read as gradient_accumulation_steps: {value // micro} (batch_size // micro_batch_size)"
+        )
 
 
 def _sift_inside(name: str, value: Any, section: type, report: Report) -> Any:

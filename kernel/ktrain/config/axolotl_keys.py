@@ -774,10 +774,7 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "metric_for_best_model",
         "greater_is_better",
     ),
-    "offloading activations is written gradient_checkpointing: offload in ktrain": (
-        "activation_offloading",
-        "layer_offloading",
-    ),
+    "offloading activations is written gradient_checkpointing: offload in ktrain": ("layer_offloading",),
     "this LoRA variant or setting is not supported by ktrain-plugin-lora (adapter, lora_r, lora_alpha, "
     "lora_dropout, lora_target_modules, lora_target_linear, lora_modules_to_save, peft_use_dora, "
     "peft_use_rslora are)": (
@@ -1028,7 +1025,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "pretraining_sample_concatenation",
     ),
     "the batch is micro_batch_size rows times gradient_accumulation_steps times the data-parallel ranks": (
-        "batch_size",
         "auto_find_batch_size",
     ),
     "datasets are read whole (pretraining_dataset streams) and not sharded or deduplicated": (
