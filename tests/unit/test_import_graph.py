@@ -30,6 +30,7 @@ KERNEL_TOP_LEVEL = {
     "builtin/",
     "testing/",
     "bench/",
+    "memory/",  # the memory model of one rank (ktrain plan)
     "commands/",
 }
 """The modules (``name``) and packages (``name/``) of kernel/ktrain/: adding one is a decision about what the

@@ -123,14 +123,17 @@ class ParallelModel:
     cp: int = 1
 
     def split(self, weights: list[Weight]) -> list[Weight]:
-        """The weights one tensor-parallel rank holds: block projections divided by ``tp``, the rest whole."""
+        """The weights one tensor-parallel rank holds (Megatron's layout): q/k/v, gate and up split by output,
+        o and down by input, the embedding and the output layer by vocabulary; norms whole."""
         if self.tp == 1:
             return weights
         out = []
         for w in weights:
-            if w.kind == "linear":
-                rows, *rest = w.shape
-                w = attrs.evolve(w, shape=(math.ceil(rows / self.tp), *rest), extra_bytes=w.extra_bytes // self.tp)
+            if w.kind in ("linear", "embedding", "lm_head"):
+                by_input = w.name.endswith(("o_proj.weight", "down_proj.weight"))
+                rows, cols = w.shape
+                shape = (rows, math.ceil(cols / self.tp)) if by_input else (math.ceil(rows / self.tp), cols)
+                w = attrs.evolve(w, shape=shape, extra_bytes=w.extra_bytes // self.tp)
             out.append(w)
         return out
 

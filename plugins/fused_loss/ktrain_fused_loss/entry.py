@@ -51,3 +51,9 @@ def ktrain_activate(config: Any, activate) -> None:
         roles=("op:fused_linear_cross_entropy",),
         keys=("fused_linear_cross_entropy",),
     )
+
+
+@hookimpl
+def ktrain_collect_memory(config: Any) -> dict[str, Any] | None:
+    """In one rank's memory model: the loss is taken in chunks, so no whole-sequence logits are held."""
+    return {"loss": "fused"} if config.fused_linear_cross_entropy else None

@@ -66,3 +66,9 @@ def runtime(config: Any) -> Any:
     from ktrain_liger.runtime import Liger
 
     return Liger(config, requested(config))
+
+
+@hookimpl
+def ktrain_collect_memory(config: Any) -> dict[str, Any] | None:
+    """In one rank's memory model: Liger's fused linear cross entropy holds no whole-sequence logits."""
+    return {"loss": "fused"} if config.liger_fused_linear_cross_entropy else None

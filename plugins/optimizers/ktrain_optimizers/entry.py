@@ -39,3 +39,11 @@ def ktrain_activate(config: Any, activate) -> None:
     if config.optimizer not in NAMES:
         return
     activate("ktrain_optimizers.note:OptimizerNote", keys=("optimizer",))
+
+
+@hookimpl
+def ktrain_collect_memory(config: Any) -> dict[str, Any] | None:
+    """The optimizer's states in one rank's memory model (``ktrain_optimizers.memory``)."""
+    from ktrain_optimizers.memory import collect_memory
+
+    return collect_memory(config)

@@ -71,3 +71,11 @@ def ktrain_activate(config: Any, activate) -> None:
     if not roles:
         return
     activate("ktrain_parallel.runtime:Parallel", roles=tuple(roles), keys=tuple(keys))
+
+
+@hookimpl
+def ktrain_collect_memory(mesh: Any) -> dict[str, Any] | None:
+    """Tensor and context parallelism in one rank's memory model (``ktrain_parallel.memory``)."""
+    from ktrain_parallel.memory import collect_memory
+
+    return collect_memory(mesh)

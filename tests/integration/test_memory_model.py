@@ -1,0 +1,59 @@
+"""The memory model's model states are exact: what ``ktrain.memory`` predicts a rank holds in parameters,
+gradients and optimizer states equals the bytes of the real run's tensors on every rank.
+
+One step of a small Llama whose sizes do not divide evenly (FSDP2's last rank holds fewer rows, ZeRO pads its
+flat buffers) per layout, 2 CPU ranks with gloo; the plugin in memory_probe.py counts each rank's storages.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ktrain.memory.model import predict
+from ktrain.testing import KtrainProject, write_chat_dataset, write_model_dir
+
+PROBE = Path(__file__).with_name("memory_probe.py")
+ODD = {"hidden_size": 66, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 12,
+       "intermediate_size": 130, "vocab_size": 101}  # fmt: skip
+LAYOUTS: dict[str, tuple[dict[str, Any], str | None]] = {  # name: (keys, plugin module needed)
+    "lora_ddp": ({"adapter": "lora", "lora_target_linear": True}, "ktrain_lora"),
+    "fsdp2": ({"fsdp_version": 2}, "ktrain_fsdp"),
+    "zero2": ({"deepspeed": "zero2"}, "ktrain_deepspeed"),
+    "zero3": ({"deepspeed": "zero3"}, "ktrain_deepspeed"),
+}
+RANKS = 2
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> KtrainProject:
+    root = tmp_path_factory.mktemp("memory-model")
+    project = KtrainProject(root, write_model_dir(root / "model", **ODD), write_chat_dataset(root / "d.jsonl", 16))
+    project.install_plugin("memory_probe", PROBE.read_text(encoding="utf-8"))
+    return project
+
+
+def _held(project: KtrainProject, name: str, keys: dict[str, Any]) -> list[dict[str, int]]:
+    folder = project.root / f"held-{name}"
+    folder.mkdir()
+    project.env["KTRAIN_MEASURE_DIR"] = str(folder)
+    project.train(project.config(name=name, max_steps=1, save_strategy="no", **keys), nproc=RANKS)
+    return [json.loads((folder / f"rank-{r}.json").read_text(encoding="utf-8")) for r in range(RANKS)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_predicted_model_states_are_the_bytes_each_rank_holds(project: KtrainProject, name: str) -> None:
+    keys, module = LAYOUTS[name]
+    if module:
+        pytest.importorskip(module)
+    plan = project.plan(world_size=RANKS, max_steps=1, **keys)
+    predicted = []
+    for rank in range(RANKS):
+        states = predict(plan.config, plan.mesh, plan.plugins, rank=rank).states
+        predicted.append({"parameters": states.parameters, "gradients": states.gradients,
+                          "optimizer": states.optimizer})  # fmt: skip
+    assert predicted == _held(project, name, keys)
