@@ -77,11 +77,3 @@ def ktrain_collect_memory(config: Any, mesh: Any, model_shape: Any) -> dict[str,
     from ktrain_deepspeed.memory import collect_memory
 
     return collect_memory(config, mesh, model_shape)
-
-
-@hookimpl
-def ktrain_collect_memory(config: Any, mesh: Any, model_shape: Any) -> dict[str, Any] | None:
-    """ZeRO's part of one rank's memory model (``ktrain_deepspeed.memory``): partitions, buffers, offload."""
-    from ktrain_deepspeed.memory import collect_memory
-
-    return collect_memory(config, mesh, model_shape)

@@ -86,11 +86,3 @@ def ktrain_collect_memory(config: Any, mesh: Any) -> dict[str, Any] | None:
     from ktrain_fsdp.memory import collect_memory
 
     return collect_memory(config, mesh)
-
-
-@hookimpl
-def ktrain_collect_memory(config: Any, mesh: Any) -> dict[str, Any] | None:
-    """FSDP's part of one rank's memory model (``ktrain_fsdp.memory``): shards, gradients, states, buffers."""
-    from ktrain_fsdp.memory import collect_memory
-
-    return collect_memory(config, mesh)

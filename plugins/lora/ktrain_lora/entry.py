@@ -64,11 +64,3 @@ def ktrain_collect_memory(config: Any) -> dict[str, Any] | None:
     from ktrain_lora.memory import collect_memory
 
     return collect_memory(config)
-
-
-@hookimpl
-def ktrain_collect_memory(config: Any) -> dict[str, Any] | None:
-    """The adapter's part of one rank's memory model (``ktrain_lora.memory``): a frozen, maybe packed base."""
-    from ktrain_lora.memory import collect_memory
-
-    return collect_memory(config)
