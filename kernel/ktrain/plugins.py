@@ -10,6 +10,7 @@ imported when a run starts.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -314,12 +315,15 @@ def _build(info: PluginInfo, target: str, config: Any) -> Any:
     return getattr(module, attr)(config)
 
 
-def _missing_requirements(info: PluginInfo) -> list[str]:
+@functools.cache
+def _missing_requirements(info: PluginInfo) -> tuple[str, ...]:
     """The requirements of ``info``'s distribution without environment markers that are not installed."""
+    if info.distribution == DISTRIBUTION:
+        return ()  # the kernel's own: installed with it
     try:
         requires = importlib.metadata.distribution(info.distribution).requires or []
     except importlib.metadata.PackageNotFoundError:
-        return []  # registered in process, or a plugin without metadata: nothing to check
+        return ()  # registered in process, or a plugin without metadata: nothing to check
     missing = []
     for requirement in requires:
         if ";" in requirement:
@@ -331,10 +335,10 @@ def _missing_requirements(info: PluginInfo) -> list[str]:
             importlib.metadata.distribution(name.group(0))
         except importlib.metadata.PackageNotFoundError:
             missing.append(requirement.strip())
-    return missing
+    return tuple(missing)
 
 
-def _missing_message(act: Activation, missing: list[str]) -> str:
+def _missing_message(act: Activation, missing: tuple[str, ...]) -> str:
     """The line naming the plugin, the keys that enabled it and the command that installs what it lacks."""
     wanted = " ".join(f"'{r}'" if any(c in r for c in "<>=!~ ") else r for r in missing)
     enabled = f" (enabled by {', '.join(act.keys)})" if act.keys else ""
