@@ -184,6 +184,24 @@ def test_eot_tokens_end_the_turns_and_drop_system_message(tmp_path: Path, model:
     assert tok.decode(dropped[0]) == USER + "Hi<|im_end|>\n" + ASSISTANT + "Hello<|im_end|>\n"
 
 
+def test_older_chat_field_names_and_a_roles_mapping(tmp_path: Path, model: Path, tok: Any) -> None:
+    plain = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}]
+    want = only(build(tmp_path, model, tok, plain, type="chat_template"))
+    spoken = [{"chat": [{"speaker": "human", "text": "Hi"}, {"speaker": "bot", "text": "Hello"}]}]
+    got = build(
+        tmp_path,
+        model,
+        tok,
+        spoken,
+        type="chat_template",
+        field_messages="chat",
+        message_field_role="speaker",
+        message_field_content="text",
+        roles={"user": ["human"], "assistant": ["bot", "model"]},
+    )
+    assert only(got) == want
+
+
 def test_completion_input_output_and_pretokenized(tmp_path: Path, model: Path, tok: Any) -> None:
     text = build(tmp_path, model, tok, [{"body": "some text"}], type="completion", field="body")
     want_ids = [*ids(tok, "some text"), tok.eos_token_id]

@@ -1075,15 +1075,12 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "datasets[].split_thinking",
         "datasets[].field_tools",
         "datasets[].train_on_eot",
-        "datasets[].roles",
     ),
     "this older way of naming the chat fields is not supported; write field_messages and "
     "message_property_mappings ({role: ..., content: ...})": (
         "datasets[].conversation",
         "datasets[].field_human",
         "datasets[].field_model",
-        "datasets[].message_field_role",
-        "datasets[].message_field_content",
     ),
     "per-turn or per-token training flags in the data are not supported; roles_to_train and train_on_eos "
     "choose what trains": (

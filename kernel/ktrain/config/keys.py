@@ -38,6 +38,11 @@ class DatasetEntry:
     field_chosen: str | None = key(None, "preference pairs: field holding the chosen answer (default `chosen`)")
     field_rejected: str | None = key(None, "preference pairs: field holding the rejected answer (default `rejected`)")
     message_property_mappings: dict[str, str] | None = key(None, "names of `role`/`content` in each turn")
+    message_field_role: str | None = key(None, "older spelling of message_property_mappings: {role: ...}")
+    message_field_content: str | None = key(None, "older spelling of message_property_mappings: {content: ...}")
+    roles: dict[str, list[str]] | None = key(
+        None, "chat: the role names of the data each template role is written as ({assistant: [gpt, model], ...})"
+    )
     roles_to_train: list[str] | None = key(None, "roles whose turns carry labels (default assistant)")
     train_on_eos: Literal["turn", "last", "all", "none"] | None = key(
         None, "which end-of-turn tokens train: those of trained turns (turn, the default), last, all, none"

@@ -49,12 +49,15 @@ def _messages(row: dict, entry: Any) -> list[dict]:
     if not isinstance(turns, list):
         raise TypeError(f"field '{field}' is a {type(turns).__name__}, not a list of turns")
     mapping = entry.message_property_mappings or {}
-    role_key, content_key = mapping.get("role", "role"), mapping.get("content", "content")
+    role_key = mapping.get("role", entry.message_field_role or "role")
+    content_key = mapping.get("content", entry.message_field_content or "content")
     names: dict[str, str] = {}
     if turns and isinstance(turns[0], dict) and role_key not in turns[0] and "from" in turns[0]:
         role_key, content_key, names = "from", "value", SHAREGPT_ROLES
     elif role_key == "from":
         names = SHAREGPT_ROLES
+    if entry.roles:
+        names = {**names, **{source: role for role, sources in entry.roles.items() for source in sources}}
     messages = []
     for n, turn in enumerate(turns):
         if not isinstance(turn, dict):
