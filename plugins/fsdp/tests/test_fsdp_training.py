@@ -18,11 +18,9 @@ from safetensors.torch import load_file
 
 from ktrain.testing import dataset, ktrain, model_dir, write_config
 from ktrain.testing import read_metrics as records
-from tests.kit import REPO
 
 pytestmark = pytest.mark.slow
 TOLERANCE = 1e-5
-SEED = REPO / "tests" / "fixtures" / "seed"
 
 
 @pytest.fixture(scope="module")
@@ -154,10 +152,11 @@ def test_fsdp1_matches_one_process(root: Path, strategy: str) -> None:
 AXOLOTL_FSDP2 = Path(__file__).resolve().parent / "fixtures" / "axolotl_fsdp2.yaml"
 
 
-@pytest.mark.parametrize("config", [SEED / "fsdp1.yaml", SEED / "fsdp2.yaml", AXOLOTL_FSDP2], ids=lambda p: p.name)
+@pytest.mark.parametrize("config", [AXOLOTL_FSDP2], ids=lambda p: p.name)
 def test_seed_config_trains(root: Path, config: Path) -> None:
-    """Axolotl-style FSDP configs with a tiny local model and dataset: bf16 mixed precision, 2 ranks, 2 steps
-    (axolotl_fsdp2.yaml: fsdp_version and sharding_strategy: FULL_SHARD inside fsdp_config)."""
+    """An Axolotl-style FSDP2 config with a tiny local model and dataset: bf16 mixed precision, 2 ranks, 2 steps
+    (fsdp_version and sharding_strategy: FULL_SHARD inside fsdp_config). The seed files fsdp1.yaml and fsdp2.yaml
+    train the same way in tests/integration/test_seed_configs.py."""
     out = root / f"seed-{config.name}"
     overrides = {
         "base_model": root / "model",
