@@ -3,21 +3,21 @@
 # ktrain-plugin-fp8's two recipes, the packed config without and with fp8, and the fp8 loss-curve test.
 # Reports land in $OUT/b; docs/performance.md ("FP8 training") quotes them.
 #   run: PARTS="shape curve" bash tools/device/fp8_bench.sh   (carry .device/fp8_whl: the wheels of pluggy, attrs,
-#   cattrs, liger-kernel and torchao 0.17.0, the torchao release built against torch 2.11)
+#   cattrs, liger-kernel, ruamel.yaml (the fsdp plugin's, for the packed config) and torchao 0.17.0, the torchao
+#   release built against torch 2.11; the device returns about 8 files from $OUT, so the install log and env are
+#   printed, not kept)
 # WHEELS (the folder of wheels), PARTS (shape, packed, curve, profile), BENCH_ARGS, BENCH_TIMEOUT (s) choose what runs.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.device/fp8_whl}"/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s " plugins/*/) > "$OUT/pip.txt" 2>&1 || tail -5 "$OUT/pip.txt"
+python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s " plugins/*/) > /tmp/pip.txt 2>&1 || tail -5 /tmp/pip.txt
 mkdir -p "$OUT/b"
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
-  python -c "import torch, transformers, torchao; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'torchao', torchao.__version__)"
-} > "$OUT/b/env.txt" 2>&1
-cat "$OUT/b/env.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
+python -c "import torch, transformers, torchao; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'torchao', torchao.__version__)" 2>&1 | tail -1
 bench() {  # NAME CONFIG ARGS...: one `ktrain bench`, its report in $OUT/b/NAME.{txt,json}
   local name=$1 config=$2; shift 2
   timeout ${BENCH_TIMEOUT:-240} ktrain bench "configs/bench/$config.yaml" ${BENCH_ARGS:-} "$@" --json "$OUT/b/$name.json" > "$OUT/b/$name.txt" 2>&1
-  echo "$(date +%T) $name rc=$?"; tr '\r' '\n' < "$OUT/b/$name.txt" | grep -E "^(ktrain |fp8|device while)" | grep -v "ktrain bench"
+  local rc=$?; echo "$(date +%T) $name rc=$rc"; tr '\r' '\n' < "$OUT/b/$name.txt" | grep -E "^(ktrain |fp8|device while)" | grep -v "ktrain bench"
 }
 for part in ${PARTS:-shape packed}; do
   case $part in
@@ -27,6 +27,6 @@ for part in ${PARTS:-shape packed}; do
     profile) bench profile_fp8 llama_1p5b_fp8 --profile "$OUT/b/profile_fp8.json.gz"
              python tools/device/trace_summary.py "$OUT/b/profile_fp8.json.gz" > "$OUT/b/profile_fp8.txt" 2>&1; head -30 "$OUT/b/profile_fp8.txt" ;;
     curve) KTRAIN_FP8_CURVES="$OUT/b/fp8_curves.json" timeout ${CURVE_TIMEOUT:-420} python -m pytest -q -s -rs -p no:cacheprovider -m gpu \
-             plugins/fp8/tests/test_fp8_gpu.py > "$OUT/b/fp8_curve_test.txt" 2>&1; echo "$(date +%T) curve rc=$?"; tail -5 "$OUT/b/fp8_curve_test.txt" ;;
+             plugins/fp8/tests/test_fp8_gpu.py > "$OUT/b/fp8_curve_test.txt" 2>&1; rc=$?; echo "$(date +%T) curve rc=$rc"; tail -5 "$OUT/b/fp8_curve_test.txt" ;;
   esac
 done
