@@ -1,0 +1,128 @@
+"""ktrain's DPO and IPO against TRL's DPOTrainer: the same tiny model (seeded weights on disk), the same pairs,
+the same reference (the model as loaded), the same optimizer and schedule.
+
+Every step's global batch is the whole dataset, so both trainers see the same pairs at every step whatever
+their order. Step 1 (before any update) must agree to 1e-5, the first 10 losses to 1e-3.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ktrain.testing import ktrain, model_dir, read_metrics, write_config
+
+PAIRS = 8
+STEPS = 10
+LR = 1e-3
+
+
+def pair_rows(count: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``count`` rows in TRL's conversational form: ``prompt``, ``chosen`` and ``rejected`` lists of turns."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        rows.append(
+            {
+                "prompt": [{"role": "user", "content": f"What is {a}+{b}?"}],
+                "chosen": [{"role": "assistant", "content": str(a + b)}],
+                "rejected": [{"role": "assistant", "content": str(a + b + rng.randint(1, 9))}],
+            }
+        )
+    return rows
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+STEP_ONE = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected")
+
+
+def trl_history(root: Path, rows: list[dict[str, Any]], loss_type: str, beta: float) -> list[dict[str, float]]:
+    """TRL's logged records (one a step) of a DPOTrainer run on the model in ``root/model``."""
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    torch.manual_seed(0)
+    args = DPOConfig(
+        output_dir=str(root / f"trl-{loss_type}"),
+        per_device_train_batch_size=PAIRS,
+        max_steps=STEPS,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        beta=beta,
+        loss_type=[loss_type],
+        max_length=64,
+        seed=7,
+        dataloader_drop_last=True,
+    )
+    model = AutoModelForCausalLM.from_pretrained(root / "model", dtype=torch.float32)
+    trainer = DPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=AutoTokenizer.from_pretrained(root / "model"),
+    )
+    trainer.train()
+    return [record for record in trainer.state.log_history if "rewards/chosen" in record]
+
+
+@pytest.fixture(scope="module", params=[("dpo", "sigmoid", 0.1), ("ipo", "ipo", 0.5)], ids=["dpo", "ipo"])
+def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    """(ktrain's run directory, TRL's records) for one method."""
+    method, loss_type, beta = request.param
+    root = tmp_path_factory.mktemp(f"parity-{method}")
+    model_dir(root, weights=True)
+    rows = pair_rows(PAIRS)
+    write_rows(root / "pairs.jsonl", rows)
+    config = write_config(
+        root,
+        random_init_weights=False,
+        rl=method,
+        rl_beta=beta,
+        datasets=[{"path": str(root / "pairs.jsonl"), "type": "chat_template.default"}],
+        micro_batch_size=PAIRS,
+        max_steps=STEPS,
+        learning_rate=LR,
+        lr_scheduler="constant",
+        optimizer="adamw_torch",
+        max_grad_norm=1.0,
+        save_strategy="no",
+    )
+    done = ktrain("run", str(config))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root / "out", trl_history(root, rows, loss_type, beta)
+
+
+def test_step_one_matches_trl(runs: tuple[Path, list[dict]]) -> None:
+    out, trl = runs
+    for name in STEP_ONE:
+        ours = read_metrics(out, name)[1]
+        assert abs(ours - trl[0][name]) <= 1e-5, (name, ours, trl[0][name])
+
+
+def test_ten_losses_and_rewards_match_trl(runs: tuple[Path, list[dict]]) -> None:
+    out, trl = runs
+    assert len(trl) == STEPS
+    for name in ("loss", "rewards/margins", "rewards/accuracies"):
+        ours = read_metrics(out, name)
+        for step, record in enumerate(trl, start=1):
+            assert abs(ours[step] - record[name]) <= 1e-3, (name, step, ours[step], record[name])
