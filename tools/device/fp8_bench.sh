@@ -21,10 +21,10 @@ bench() {  # NAME CONFIG ARGS...: one `ktrain bench`, its report in $OUT/b/NAME.
 }
 for part in ${PARTS:-shape packed}; do
   case $part in
-    shape) bench bf16 llama_1p5b_fused_loss_master; bench fp8_tensorwise llama_1p5b_fp8
-           bench fp8_rowwise llama_1p5b_fp8 --set fp8_recipe=rowwise ;;
+    shape) bench bf16 llama_1p5b_fused_loss_master; bench fp8_tensorwise llama_1p5b_fp8_master
+           bench fp8_rowwise llama_1p5b_fp8_master --set fp8_recipe=rowwise ;;
     packed) bench packed_bf16 llama_1p5b_packed --lengths 256:2048; bench packed_fp8 llama_1p5b_packed_fp8 --lengths 256:2048 ;;
-    profile) bench profile_fp8 llama_1p5b_fp8 --profile "$OUT/b/profile_fp8.json.gz"
+    profile) bench profile_fp8 llama_1p5b_fp8_master --profile "$OUT/b/profile_fp8.json.gz"
              python tools/device/trace_summary.py "$OUT/b/profile_fp8.json.gz" > "$OUT/b/profile_fp8.txt" 2>&1; head -30 "$OUT/b/profile_fp8.txt" ;;
     curve) KTRAIN_FP8_CURVES="$OUT/b/fp8_curves.json" timeout ${CURVE_TIMEOUT:-420} python -m pytest -q -s -rs -p no:cacheprovider -m gpu \
              plugins/fp8/tests/test_fp8_gpu.py > "$OUT/b/fp8_curve_test.txt" 2>&1; rc=$?; echo "$(date +%T) curve rc=$rc"; tail -5 "$OUT/b/fp8_curve_test.txt" ;;

@@ -1,7 +1,7 @@
 """On a GPU with float8 tensor cores: the 1.5B Llama shape trains in fp8 as in bf16 (skipped elsewhere).
 
 Both runs train configs/bench/llama_1p5b's shape from the same random weights on the same rows (the quick
-start's arithmetic chat, packed into rows of 4096 tokens, its tokenizer), as configs/bench/llama_1p5b_fp8.yaml
+start's arithmetic chat, packed into rows of 4096 tokens, its tokenizer), as configs/bench/llama_1p5b_fp8_master.yaml
 does: bf16 weights, fp32 masters and Adam states in ``adamw_fp32_master``, compiled blocks, the fused loss.
 Only the blocks' matrix multiplies differ. Over 200 steps the losses fall from about 12.5 to about 1.3.
 Measured on an H200 (2026-12-04, docs/results/h200-2026-12-04-fp8/fp8_curves.json): the mean of the last 10
@@ -35,7 +35,7 @@ def _capable() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not _capable(), reason="needs a GPU of compute capability 8.9 or later")
 def test_fp8_loss_curve_follows_bf16_on_the_1p5b_shape(tmp_path: Path) -> None:
-    base = yaml.safe_load((REPO / "configs/bench/llama_1p5b_fp8.yaml").read_text())
+    base = yaml.safe_load((REPO / "configs/bench/llama_1p5b_fp8_master.yaml").read_text())
     base.update(
         base_model=str(REPO / "configs/bench/llama_1p5b"),
         tokenizer_config=str(REPO / "configs/quickstart/model"),
