@@ -20,6 +20,7 @@ import transformers
 import yaml
 
 from ktrain.bench.command import bench_plan
+from ktrain.cli import main
 from ktrain.run.metrics import flops_per_token, non_embedding_params
 from ktrain.testing import dataset, ktrain, model_dir, write_config
 from tests.kit import REPO
@@ -146,11 +147,15 @@ def test_bench_packs_variable_lengths_beside_a_padded_peer(tmp_path: Path) -> No
         (("--peer-micro-batch", "4"), "--peer-micro-batch goes with --lengths"),
     ],
 )
-def test_bench_refuses_bad_lengths(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
+def test_bench_refuses_bad_lengths(
+    args: tuple[str, ...], message: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Refused before anything runs: in this process, as the CLI's own answer (exit 2, one line)."""
     model_dir(tmp_path, vocab_size=100)
     config = write_config(tmp_path, datasets=[], sequence_len=64)
-    done = ktrain("bench", str(config), "--steps", "1", *args)
-    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    code = main(["bench", str(config), "--steps", "1", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err[-2000:]
 
 
 def test_bench_peer_with_bf16_weights(tmp_path: Path) -> None:

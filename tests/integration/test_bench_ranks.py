@@ -15,7 +15,8 @@ import torch
 import transformers
 
 from ktrain.bench.rows import SyntheticRows
-from ktrain.testing import ktrain, model_dir, write_config
+from ktrain.cli import main
+from ktrain.testing import model_dir, write_config
 from tests.integration.test_bench import bench_json
 
 MICRO, ACCUMULATION, SEQUENCE, SEED, VOCAB = 2, 2, 32, 7, 100
@@ -69,8 +70,12 @@ def test_bench_on_two_ranks_counts_every_data_parallel_rank_s_rows(layout: dict,
         (("--nproc-per-node", "0"), "--nproc-per-node must be at least 1"),
     ],
 )
-def test_bench_ranks_refuse_one_process_flags(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
+def test_bench_ranks_refuse_one_process_flags(
+    args: tuple[str, ...], message: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Refused before any rank starts: in this process, as the CLI's own answer (exit 2, one line)."""
     model_dir(tmp_path, vocab_size=VOCAB)
     config = write_config(tmp_path, datasets=[], sequence_len=SEQUENCE)
-    done = ktrain("bench", str(config), "--steps", "1", *args)
-    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    code = main(["bench", str(config), "--steps", "1", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err[-2000:]
