@@ -146,21 +146,25 @@ def _slurm(env: Mapping[str, str]) -> Cluster:
                 "run one task a node (`srun --ntasks-per-node=1`)",
                 source="the environment",
             )
-    nodelist_name = next(n for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") if n in env)
-    try:
-        first = expand_hostlist(env[nodelist_name])[0]
-    except ValueError as e:
-        raise ConfigError.single(nodelist_name, str(e), source="the environment") from None
-    port = _int(env, "MASTER_PORT", 1) if "MASTER_PORT" in env else RDZV_PORT_BASE + _int(env, "SLURM_JOB_ID") % 1000
     gpus = _int(env, "SLURM_GPUS_ON_NODE") if env.get("SLURM_GPUS_ON_NODE") else None
-    return Cluster(
-        scheduler=f"SLURM job {job}",
-        nnodes=nnodes,
-        node_rank=_int(env, "SLURM_NODEID"),
-        rdzv_endpoint=f"{first}:{port}" if nnodes > 1 else None,
-        rdzv_id=job if nnodes > 1 else None,
-        nproc_per_node=gpus or None,
-    )
+    cluster = Cluster(f"SLURM job {job}", nnodes, _int(env, "SLURM_NODEID"), nproc_per_node=gpus or None)
+    if nnodes == 1:
+        return cluster
+    port = _int(env, "MASTER_PORT", 1) if "MASTER_PORT" in env else RDZV_PORT_BASE + _int(env, "SLURM_JOB_ID") % 1000
+    return attrs.evolve(cluster, rdzv_endpoint=f"{_first_host(env)}:{port}", rdzv_id=job)
+
+
+def _first_host(env: Mapping[str, str]) -> str:
+    """The first host of the step's node list (of the job's outside a step): the rendezvous host."""
+    name = next((n for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") if n in env), None)
+    if name is None:
+        raise ConfigError.single(
+            "SLURM_JOB_NODELIST", "is not set, though SLURM_JOB_ID is: run ktrain in the job (srun)", "the environment"
+        )
+    try:
+        return expand_hostlist(env[name])[0]
+    except ValueError as e:
+        raise ConfigError.single(name, str(e), source="the environment") from None
 
 
 def _torchrun(env: Mapping[str, str]) -> Cluster:
