@@ -103,7 +103,7 @@ def test_unsupported_keys_are_refused_with_what_ktrain_offers(tmp_path, tiny_mod
     lines = result.stderr.splitlines()
     expected = {
         "processor_type: not supported: vision": "not supported by ktrain yet",
-        "unfrozen_parameters: not supported": "adapter: lora",
+        "lisa_n_layers: not supported": "unfrozen_parameters",
         "group_by_length: not supported": "sample_packing",
         "plugins[0]: axolotl.integrations.swanlab.SwanLabPlugin": "no ktrain equivalent",
         "datasets[0].field_human: not supported": "message_property_mappings",

@@ -21,6 +21,7 @@ import transformers
 
 from ktrain import hookimpl
 from ktrain.builtin.checkpointing import Recompute, apply_checkpointing
+from ktrain.builtin.freezing import freeze_except
 from ktrain.config.report import ConfigError
 from ktrain.run.context import weight_dtype
 
@@ -139,11 +140,15 @@ def build_model(config: Any, run: Any, model_kwargs: dict[str, Any], *, empty: b
 
 def finish_model(model: Any, config: Any, run: Any) -> Any:
     """Ready a built model for training: no KV cache, the embeddings grown to the tokenizer's length where
-    ``special_tokens`` or ``tokens`` are set, the blocks recomputed as ``gradient_checkpointing`` asks
-    (``ktrain.builtin.checkpointing``). Returns ``model``."""
+    ``special_tokens`` or ``tokens`` are set (to a multiple of 32 with ``resize_token_embeddings_to_32x``),
+    only ``unfrozen_parameters`` trainable where given (``ktrain.builtin.freezing``), the blocks recomputed
+    as ``gradient_checkpointing`` asks (``ktrain.builtin.checkpointing``). Returns ``model``."""
     model.config.use_cache = False
-    if config.special_tokens or config.tokens:
-        fit_embeddings(model, len(run.tokenizer or HFModel(config).ktrain_load_tokenizer(run=run)))
+    if config.special_tokens or config.tokens or config.resize_token_embeddings_to_32x:
+        vocab = len(run.tokenizer or HFModel(config).ktrain_load_tokenizer(run=run))
+        fit_embeddings(model, -(-vocab // 32) * 32 if config.resize_token_embeddings_to_32x else vocab)
+    if config.unfrozen_parameters:
+        freeze_except(model, config.unfrozen_parameters)
     choice = Recompute.from_config(config)
     if choice is not None:
         apply_checkpointing(model, choice)

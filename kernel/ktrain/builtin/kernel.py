@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from ktrain import hookimpl
+from ktrain.builtin import freezing
 from ktrain.config.keys import KERNEL_SECTIONS
 from ktrain.data import templates
 from ktrain.registry import lazy
@@ -165,6 +166,13 @@ def _check_data(config: Any, report: Any) -> None:
             report.error("val_set_size", "a stream cannot be split: give test_datasets for evaluation")
     if config.test_datasets and config.val_set_size:
         report.error("test_datasets", "evaluate on test_datasets or on a val_set_size split, not both")
+    for i, text in enumerate(config.unfrozen_parameters or []):
+        try:
+            freezing.name_pattern(text)
+        except ValueError as e:
+            report.error(f"unfrozen_parameters[{i}]", str(e))
+    if config.unfrozen_parameters and getattr(config, "adapter", None):
+        report.error("unfrozen_parameters", "the adapter chooses what trains; leave out adapter or this")
     if config.dataset_processes is not None:
         report.warn("dataset_processes", "has no effect: ktrain tokenizes in one process per machine")
 

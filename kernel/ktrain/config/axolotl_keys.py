@@ -759,8 +759,7 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "freeze_mm_modules",
         "role_boundaries",
     ),
-    "training a chosen subset of parameters is not supported yet; use adapter: lora, or train every parameter": (
-        "unfrozen_parameters",
+    "choosing the layers to train by Spectrum or LISA is not supported; unfrozen_parameters names them": (
         "spectrum_top_fraction",
         "spectrum_model_name",
         "lisa_n_layers",
@@ -1058,7 +1057,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "gpu_memory_limit",
     ),
     "the vocabulary only grows to fit added tokens (tokens, special_tokens); other resizing is not supported": (
-        "resize_token_embeddings_to_32x",
         "mean_resizing_embeddings",
         "shrink_embeddings",
         "embeddings_skip_upcast",

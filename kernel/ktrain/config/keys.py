@@ -73,6 +73,9 @@ class ModelKeys:
     gradient_checkpointing_kwargs: dict[str, Any] | None = key(
         None, "keyword arguments of torch.utils.checkpoint (default use_reentrant: false)"
     )
+    unfrozen_parameters: list[str] | None = key(
+        None, "train only the parameters whose names match one of these patterns (a period is literal); no adapter"
+    )
 
 
 @attrs.define(kw_only=True)
@@ -97,6 +100,9 @@ class DataKeys:
         None, "the tokenizer's special tokens to set (bos_token, eos_token, pad_token, ...), added when new"
     )
     tokens: list[str] | None = key(None, "tokens to add to the vocabulary; the model's embeddings grow to match")
+    resize_token_embeddings_to_32x: bool = key(
+        False, "grow the embeddings to the tokenizer's length rounded up to a multiple of 32 (where smaller)"
+    )
     chat_template: str | None = key(
         None, "chat datasets' template: tokenizer_default, chatml, qwen, llama3, gemma, phi_3, or jinja"
     )
