@@ -57,6 +57,7 @@ def _configure_check(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, default=None, help="resolve the mesh for this many ranks")
     p.add_argument("--all", action="store_true", help="print every key, not only those set")
     p.add_argument("--slurm", action="store_true", help="also print the launch SLURM's/torchrun's variables give")
+    p.add_argument("--gpu-memory", metavar="SIZE", help="also predict the peak memory per rank against SIZE (80GiB)")
 
 
 def _configure_preprocess(p: argparse.ArgumentParser) -> None:
@@ -144,7 +145,23 @@ def _check(args: argparse.Namespace) -> int:
         print(line)
     plan = prepare(args.config, args.overrides, world_size=world_size)
     print(describe_plan(plan, every_key=args.all))
+    if args.gpu_memory:
+        from ktrain.commands.plan import check_memory
+
+        print(check_memory(plan, args.config, args.overrides, args.gpu_memory))
     return EXIT_OK
+
+
+def _configure_plan(p: argparse.ArgumentParser) -> None:
+    from ktrain.commands.plan import configure
+
+    configure(p)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from ktrain.commands.plan import plan_cli
+
+    return plan_cli(args)
 
 
 def _preprocess(args: argparse.Namespace) -> int:
@@ -223,6 +240,7 @@ COMMANDS: dict[str, Command] = {
         _bench,
     ),
     "check": ("validate a config and print what it resolves to; no GPU needed", _configure_check, _check),
+    "plan": ("predict a config's peak memory per GPU, and the layouts that fit, fastest first", _configure_plan, _plan),
     "preprocess": (
         "tokenize the datasets once into the cache (dataset_prepared_path), or --check-only them",
         _configure_preprocess,

@@ -8,14 +8,16 @@ sequence-by-sequence scores; ``transformers``' eager RMSNorm, rotary embedding a
 - each norm's normalized output (weights' dtype) and the inputs of the projections, cast to the
   compute dtype: the norm output for q/k/v and for gate/up, the attention output for o, the MLP
   product for down;
-- attention: queries, keys and values after the rotary embedding and its output;
+- attention: queries, keys and values, the rotary embedding's inputs (and their rotated halves) and
+  the attention's output (SDPA with grouped-query attention does not repeat the keys and values);
 - the MLP: gate, up and SiLU(gate) (the product is down's input, counted above).
 
 A checkpointed block keeps only its input; one block's activations are rebuilt at a time in backward.
-An MLP-only checkpoint keeps the attention's part and the MLP's input. The logits of the whole
-micro-batch (vocabulary x tokens) are held in the compute dtype, cast to fp32 by the loss, which keeps
-its fp32 log-softmax, and their fp32 gradient appears before those are freed: 14 bytes a logit under
-bf16. A fused or chunked loss (Liger's, ktrain-plugin-fused-loss) never holds them.
+An MLP-only checkpoint keeps the attention's part and the MLP's input. After the blocks, the final
+norm's output and the output layer's input are kept. The loss casts the logits of the whole
+micro-batch (vocabulary x tokens) to fp32 and keeps its fp32 log-softmax; its backward holds that, the
+incoming fp32 gradient and the gradient of its input at once: 12 bytes a logit, the step's peak in most
+runs. A fused or chunked loss (Liger's, ktrain-plugin-fused-loss) never holds them.
 """
 
 from __future__ import annotations
@@ -35,17 +37,22 @@ class BlockBytes:
     mlp_checkpointed: int
 
 
-def block_bytes(shape: ModelShape, weight_bytes: int, compute_bytes: int, tp: int = 1) -> BlockBytes:
+def block_bytes(
+    shape: ModelShape, weight_bytes: int, compute_bytes: int, tp: int = 1, kernels: frozenset[str] = frozenset()
+) -> BlockBytes:
     """What one block saves per token, with weights of ``weight_bytes`` and compute in ``compute_bytes``;
-    tensor-parallel ranks divide the heads, the MLP width, and (sequence parallel) the residual stream."""
+    tensor-parallel ranks divide the heads, the MLP width, and (sequence parallel) the residual stream.
+    ``kernels`` names fused ops that save less: ``rms_norm`` (keeps no normalized output), ``rope`` (no
+    rotated halves), ``swiglu`` (keeps gate and up, not SiLU(gate))."""
     h = shape.hidden
     q = shape.heads * shape.head_dim // tp
     kv = max(shape.kv_heads // tp, 1) * shape.head_dim
     i = shape.intermediate // tp
     residual = 2 * weight_bytes * h // tp  # sequence-parallel between blocks
-    norms = 2 * weight_bytes * h // tp
-    attention = compute_bytes * (h + (q + 2 * kv) + q + (q + kv) + q)  # input cast, qkv, rotary, output
-    mlp = compute_bytes * (h + 3 * i + i)  # input cast, gate, up, silu(gate), product
+    norms = 0 if "rms_norm" in kernels else 2 * weight_bytes * h // tp
+    rotary = 0 if "rope" in kernels else 2 * (q + kv)
+    attention = compute_bytes * (h + (q + 2 * kv) + rotary + q)  # input cast, qkv, rotary, output
+    mlp = compute_bytes * (h + (2 if "swiglu" in kernels else 3) * i + i)  # input cast, gate, up, silu(gate), product
     full = residual + norms + attention + mlp
     return BlockBytes(
         full=full,
@@ -54,20 +61,35 @@ def block_bytes(shape: ModelShape, weight_bytes: int, compute_bytes: int, tp: in
     )
 
 
-def saved_activations(
-    shape: ModelShape, tokens: int, weight_bytes: int, compute_bytes: int, checkpointing: Checkpointing | None, tp: int
-) -> int:
-    """Bytes of activations saved across all blocks at the end of forward, plus one block rebuilt in
-    backward when blocks are checkpointed; ``tokens`` is this rank's micro-batch (rows x sequence)."""
-    per = block_bytes(shape, weight_bytes, compute_bytes, tp)
+@attrs.frozen
+class Activations:
+    """Bytes of activations: ``saved`` across the blocks (and after them) at the end of forward, and
+    ``rebuilt``, the one block recomputed at a time in backward when blocks are checkpointed."""
+
+    saved: int
+    rebuilt: int
+
+
+def activations(
+    shape: ModelShape,
+    tokens: int,
+    weight_bytes: int,
+    compute_bytes: int,
+    checkpointing: Checkpointing | None,
+    tp: int,
+    kernels: frozenset[str] = frozenset(),
+) -> Activations:
+    """The activations of ``tokens`` (this rank's micro-batch: rows x sequence) through every block."""
+    per = block_bytes(shape, weight_bytes, compute_bytes, tp, kernels)
+    head = tokens * shape.hidden * (weight_bytes + compute_bytes)  # final norm's output, output layer's input
     if checkpointing is None or checkpointing.fraction <= 0:
-        return tokens * shape.layers * per.full
+        return Activations(tokens * shape.layers * per.full + head, 0)
     recomputed = round(shape.layers * min(checkpointing.fraction, 1.0))
     kept = per.checkpointed if checkpointing.scope == "block" else per.mlp_checkpointed
-    rebuilt = per.full - kept
-    return tokens * ((shape.layers - recomputed) * per.full + recomputed * kept + rebuilt)
+    saved = tokens * ((shape.layers - recomputed) * per.full + recomputed * kept) + head
+    return Activations(saved, tokens * (per.full - kept) if recomputed else 0)
 
 
-def logits_bytes(shape: ModelShape, tokens: int, compute_bytes: int, fused: bool) -> int:
-    """Bytes of the logits, their fp32 copy, the loss's log-softmax and the gradient; 0 under a fused loss."""
-    return 0 if fused else tokens * shape.vocab * (compute_bytes + 4 + 4 + 4)
+def logits_bytes(shape: ModelShape, tokens: int, fused: bool) -> int:
+    """Bytes the loss holds at its backward: 12 a logit (fp32 log-softmax, its gradient, the input's); 0 fused."""
+    return 0 if fused else tokens * shape.vocab * 12

@@ -43,6 +43,7 @@ class DataParallel:
 
     replicas: int
     name: str = "DDP"
+    weight_bytes: int | None = None
 
     def states(self, weights: Sequence[Weight], optimizer: OptimizerModel, rank: int) -> ModelStates:
         """What each rank holds: everything, and DDP's buckets when there are several replicas."""

@@ -5,10 +5,11 @@ The plugins answer ``ktrain_collect_memory(config, mesh, model_shape)`` (vocabul
 bases), tensor parallelism, the optimizer, the sharding, then the activations. An active plugin that
 claims a role and gives no answer is listed as not modelled: its effect on memory is missing.
 
-The peak is the larger of two moments of a step after the first: the end of forward (parameters,
-optimizer states, every saved activation and the logits) and the end of backward (parameters, optimizer
-states, gradients); under gradient accumulation the gradients of earlier micro-batches are held through
-forward too. The sharding's buffers count at both.
+The peak is the largest of three moments of a step after the first, each over the parameters, the
+optimizer's states and the sharding's buffers: the loss's backward (every saved activation and the
+logits' 12 bytes each), the first checkpointed block rebuilt (the saved activations and that block),
+and the end of backward (the gradients). Under gradient accumulation the gradients of earlier
+micro-batches are held at all three.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import attrs
 
 from ktrain.config.mesh import MeshPlan
-from ktrain.memory.activations import block_bytes, logits_bytes, saved_activations
+from ktrain.memory.activations import Activations, activations, block_bytes, logits_bytes
 from ktrain.memory.defaults import DataParallel, kernel_optimizer
 from ktrain.memory.parts import Checkpointing, ModelStates, OptimizerModel, ParallelModel, Weight
 from ktrain.memory.shape import ModelShape, read_shape
@@ -37,7 +38,7 @@ class Prediction:
     trained parameters of the whole model, ``checkpointing`` says which blocks are recomputed."""
 
     states: ModelStates
-    activations: int
+    activations: Activations
     logits: int
     accumulation: bool
     sharding: str
@@ -50,10 +51,10 @@ class Prediction:
     def peak(self) -> int:
         """Bytes allocated at the step's peak."""
         s = self.states
-        base = s.parameters + s.optimizer + s.buffers
-        if self.accumulation:
-            return base + s.gradients + self.activations + self.logits
-        return base + max(self.activations + self.logits, s.gradients)
+        base = s.parameters + s.optimizer + s.buffers + (s.gradients if self.accumulation else 0)
+        a = self.activations
+        moments = (a.saved + self.logits, a.saved + a.rebuilt, 0 if self.accumulation else s.gradients)
+        return base + max(moments)
 
     @property
     def device_bytes(self) -> int:
@@ -68,7 +69,8 @@ class Prediction:
             ("gradients", s.gradients),
             ("optimizer states", s.optimizer),
             ("communication buffers", s.buffers),
-            ("activations", self.activations),
+            ("activations", self.activations.saved),
+            ("recomputed block", self.activations.rebuilt),
             ("logits", self.logits),
         ]
 
@@ -118,13 +120,14 @@ def predict(config: Any, mesh: MeshPlan, plugins: Any, shape: ModelShape | None 
     sharding = given.get("sharding") or DataParallel(mesh.gradient_ranks)
     states = sharding.states(weights, optimizer, rank)
     tokens = config.micro_batch_size * config.sequence_len // parallel.cp
-    element = 2 if config.bfloat16 else 4
+    element = getattr(sharding, "weight_bytes", None) or next(w.element_bytes for w in weights if w.kind == "embedding")
     checkpointing = given.get("checkpointing", kernel_checkpointing(config))
-    activations = saved_activations(shape, tokens, element, compute_bytes(config), checkpointing, parallel.tp)
-    logits = logits_bytes(shape, tokens, compute_bytes(config), given.get("loss") == "fused")
+    kernels = frozenset(given.get("kernels", ()))
+    held = activations(shape, tokens, int(element), compute_bytes(config), checkpointing, parallel.tp, kernels)
+    logits = logits_bytes(shape, tokens, given.get("loss") == "fused")
     return Prediction(
         states=states,
-        activations=activations,
+        activations=held,
         logits=logits,
         accumulation=config.gradient_accumulation_steps > 1,
         sharding=sharding.name,

@@ -10,7 +10,8 @@ A plugin answers with a mapping; each name has one meaning and one owner in a ru
 - ``"parallel"``: a ``ParallelModel``, how tensor and context parallelism split weights and activations;
 - ``"loss"``: ``"fused"`` when the logits of the whole sequence are never materialized;
 - ``"checkpointing"``: a ``Checkpointing``, which blocks recompute their activations (a plugin that owns
-  activation checkpointing).
+  activation checkpointing);
+- ``"kernels"``: names of fused ops that save less for backward: ``rms_norm``, ``rope``, ``swiglu``.
 
 Nothing here imports torch.
 """
@@ -107,9 +108,14 @@ class WeightsModel(Protocol):
 
 
 class ShardingModel(Protocol):
-    """``"sharding"``: what rank ``rank`` holds of ``weights`` under ``optimizer``."""
+    """``"sharding"``: what rank ``rank`` holds of ``weights`` under ``optimizer``.
+
+    ``weight_bytes``, when not None, is the dtype the sharding computes with (FSDP's mixed precision,
+    DeepSpeed's bf16): the residual stream between blocks is kept in it.
+    """
 
     name: str
+    weight_bytes: int | None
 
     def states(self, weights: Sequence[Weight], optimizer: OptimizerModel, rank: int) -> ModelStates: ...
 

@@ -41,6 +41,11 @@ class ZeroMemory:
         """How ``ktrain plan`` names it."""
         return f"ZeRO-{self.stage}" + (" (optimizer offloaded)" if self.offload_optimizer else "")
 
+    @property
+    def weight_bytes(self) -> int | None:
+        """Under bf16 DeepSpeed computes with the bf16 copy of the weights."""
+        return 2 if self.bf16 else None
+
     def _element(self, w: Weight) -> float:
         return 2 if self.bf16 and w.element_bytes == 4 else w.element_bytes
 

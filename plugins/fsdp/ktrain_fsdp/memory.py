@@ -42,6 +42,11 @@ class FsdpMemory:
         """How ``ktrain plan`` names it."""
         return f"FSDP{self.options.version}"
 
+    @property
+    def weight_bytes(self) -> int:
+        """FSDP computes with weights gathered in the compute dtype."""
+        return self.compute_bytes
+
     def _fsdp2(self, weights: Sequence[Weight], optimizer: OptimizerModel, rank: int) -> tuple[int, int, int]:
         params = grads = states = 0
         for w in weights:

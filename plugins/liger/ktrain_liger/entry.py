@@ -70,5 +70,12 @@ def runtime(config: Any) -> Any:
 
 @hookimpl
 def ktrain_collect_memory(config: Any) -> dict[str, Any] | None:
-    """In one rank's memory model: Liger's fused linear cross entropy holds no whole-sequence logits."""
-    return {"loss": "fused"} if config.liger_fused_linear_cross_entropy else None
+    """In one rank's memory model: the patched ops save less for backward, and the fused linear cross
+    entropy holds no whole-sequence logits."""
+    ops = set(requested(config).values())
+    if not ops:
+        return None
+    answer: dict[str, Any] = {"kernels": frozenset(ops - {"fused_linear_cross_entropy"})}
+    if "fused_linear_cross_entropy" in ops:
+        answer["loss"] = "fused"
+    return answer

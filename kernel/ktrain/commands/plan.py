@@ -1,0 +1,333 @@
+"""``ktrain plan CONFIG --gpus N``: will the config fit, and which layout that fits is fastest. No torch.
+
+The config as written is checked for ``N x nodes`` ranks and its peak per rank predicted
+(``ktrain.memory``); then layouts the installed plugins allow are tried: the sharding (the kernel's DDP,
+FSDP2 with and without resharding, ZeRO-1/2/3 and ZeRO-3 with the optimizer offloaded), activation
+checkpointing, tensor parallelism within a node, and smaller micro-batches with more accumulation
+(the global batch kept). Those that fit are ordered by an estimated step time: compute at a measured
+MFU, plus communication bytes at a stated bandwidth, not overlapped. ``--write OUT.yaml`` writes the
+fastest as a config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ktrain.config.load import apply_override
+from ktrain.config.plan import Plan, load_plugins_and_config, prepare
+from ktrain.config.report import ConfigError
+from ktrain.config.yaml_io import dump_yaml, load_yaml
+from ktrain.memory.model import Prediction, predict
+from ktrain.memory.shape import ModelShape, ShapeError, read_shape
+from ktrain.plugins import PluginError
+
+GIB = 1 << 30
+MFU = 0.40
+"""Model FLOPs utilization of the step: ``llama_1p5b`` on one H200 measured 40.1% (docs/performance.md)."""
+PEAK_FLOPS = 989e12
+"""Dense bf16 FLOP/s of an H100 or H200."""
+NODE_BANDWIDTH = 300e9
+"""Bytes a second a rank moves in a collective inside a node (NVLink), stated, not measured here."""
+NETWORK_BANDWIDTH = 50e9
+"""Bytes a second a rank moves in a collective between nodes (400 Gb/s a GPU), stated."""
+HOST_BANDWIDTH = 25e9
+"""Bytes a second between a GPU and host memory (PCIe 5), stated."""
+SHARDING_KEYS = ("fsdp_version", "fsdp_config", "fsdp", "deepspeed")
+AS_WRITTEN = "as written"
+
+
+def parse_bytes(text: str, flag: str) -> int:
+    """``80GiB``, ``80G`` (binary), ``80GB`` (decimal) or a number of bytes; raises ``ConfigError`` naming ``flag``."""
+    found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?)(B?)\s*", text, re.IGNORECASE)
+    if not found:
+        raise ConfigError.single(flag, f"{text!r} is not a size; write it like 80GiB or 141GB")
+    number, prefix, binary, unit = found.groups()
+    base = 1000 if unit and not binary else 1024
+    return int(float(number) * base ** ("KMGT".index(prefix.upper()) + 1 if prefix else 0))
+
+
+@attrs.frozen
+class Layout:
+    """A change from the config as written: a label and the edit of its YAML mapping."""
+
+    label: str
+    edit: Callable[[dict[str, Any]], None]
+    sets: tuple[str, ...]
+
+
+@attrs.frozen
+class Candidate:
+    """A layout with its micro-batch, predicted peak and estimated step time."""
+
+    layout: Layout
+    plan: Plan
+    micro: int
+    accumulation: int
+    prediction: Prediction
+    seconds: float
+    unset: tuple[str, ...] = ()
+
+    def label(self) -> str:
+        return f"{self.layout.label}, micro batch {self.micro} x {self.accumulation}"
+
+    def sets(self) -> tuple[str, ...]:
+        batch = (f"micro_batch_size={self.micro}", f"gradient_accumulation_steps={self.accumulation}")
+        return (*(f"{key}=null" for key in self.unset), *self.layout.sets, *batch)
+
+
+def _strip(data: dict[str, Any]) -> None:
+    for key in SHARDING_KEYS:
+        data.pop(key, None)
+
+
+def _sharding_layouts(installed: set[str]) -> Iterator[tuple[str, list[str]]]:
+    yield "DDP", []
+    if "ktrain-plugin-fsdp" in installed:
+        yield "FSDP2", ["fsdp_version=2"]
+        yield "FSDP2 without resharding", ["fsdp_version=2", "fsdp_config.reshard_after_forward=false"]
+    if "ktrain-plugin-deepspeed" in installed:
+        for stage in (1, 2, 3):
+            yield f"ZeRO-{stage}", [f"deepspeed=zero{stage}"]
+        yield "ZeRO-3, optimizer offloaded", ["deepspeed=zero3_bf16_cpuoffload_all"]
+
+
+def layouts(installed: set[str], gpus_per_node: int, shape: ModelShape) -> list[Layout]:
+    """The layouts to try: sharding x checkpointing x tensor-parallel size."""
+    out = [Layout(AS_WRITTEN, lambda data: None, ())]
+    tps = [tp for tp in (1, 2, 4, 8) if tp <= gpus_per_node and shape.kv_heads % tp == 0 and shape.heads % tp == 0]
+    if "ktrain-plugin-parallel" not in installed:
+        tps = [1]
+    for name, sets in _sharding_layouts(installed):
+        for checkpointing in (False, True):
+            for tp in tps:
+                if tp > 1 and not name.startswith(("FSDP2", "DDP")):
+                    continue
+                more = list(sets)
+                if checkpointing:
+                    fsdp = name.startswith("FSDP")
+                    more.append("fsdp_config.activation_checkpointing=true" if fsdp else "gradient_checkpointing=true")
+                if tp > 1:
+                    more.append(f"tensor_parallel_size={tp}")
+                label = name + (", checkpointing" if checkpointing else "") + (f", tp {tp}" if tp > 1 else "")
+
+                def edit(data: dict[str, Any], more: list[str] = more) -> None:
+                    _strip(data)
+                    data.pop("gradient_checkpointing", None)
+                    for assignment in more:
+                        apply_override(data, assignment)
+
+                out.append(Layout(label, edit, tuple(more)))
+    return out
+
+
+def step_seconds(config: Any, plan: Plan, prediction: Prediction, shape: ModelShape, nodes: int) -> float:
+    """Estimated seconds of one optimizer step: FLOPs at ``MFU`` of ``PEAK_FLOPS``, plus the sharding's and
+    tensor parallelism's communication at the stated bandwidths, not overlapped."""
+    mesh = plan.mesh
+    tokens = config.micro_batch_size * config.gradient_accumulation_steps * config.sequence_len * mesh.dp_size
+    adapter = prediction.trained * 2 < shape.parameters  # no weight gradients for most of the model
+    attention = 6 * shape.layers * shape.heads * shape.head_dim * config.sequence_len
+    per_token = (4 if adapter else 6) * shape.parameters + attention
+    checkpointing = prediction.checkpointing
+    recompute = 2 * shape.parameters * checkpointing.fraction if checkpointing else 0
+    compute = (per_token + recompute) * tokens / mesh.world_size / (PEAK_FLOPS * MFU)
+    ranks = mesh.gradient_ranks
+    bandwidth = NETWORK_BANDWIDTH if nodes > 1 else NODE_BANDWIDTH
+    shard = (ranks - 1) / ranks if ranks > 1 else 0.0
+    whole = shape.parameters * 2 / mesh.dims["tp"]  # one copy of the weights in bf16
+    name = prediction.sharding
+    if name.startswith("FSDP") or name.startswith("ZeRO-3"):
+        moved = 3 * whole * config.gradient_accumulation_steps
+    elif name.startswith("ZeRO"):
+        moved = 2 * whole
+    else:
+        moved = 2 * prediction.states.gradients
+    comm = moved * shard / bandwidth
+    tp = mesh.dims["tp"]
+    if tp > 1:
+        rank_tokens = config.micro_batch_size * config.gradient_accumulation_steps * config.sequence_len
+        comm += 8 * shape.layers * rank_tokens * shape.hidden * 2 * (tp - 1) / tp / NODE_BANDWIDTH
+    offloaded = sum(prediction.states.host.values())
+    return compute + comm + offloaded / HOST_BANDWIDTH
+
+
+def _prepare(data: dict[str, Any], overrides: list[str], world: int, folder: Path) -> Plan:
+    """The checked plan of the config ``data`` (written into ``folder``) for ``world`` ranks."""
+    out = folder / "candidate.yaml"
+    out.write_text(dump_yaml(data), encoding="utf-8")
+    return prepare(out, overrides, world_size=world)
+
+
+def _fits(prediction: Prediction, gpu_memory: int, host_memory: int | None, ranks_per_node: int) -> bool:
+    host = sum(prediction.states.host.values()) * ranks_per_node
+    return prediction.device_bytes <= gpu_memory and (host_memory is None or host <= host_memory)
+
+
+def with_keys(config: Any, **values: Any) -> Any:
+    """``config`` with the keys ``values`` changed, in whichever section owns each."""
+    sections = {
+        cls: attrs.evolve(obj, **{k: v for k, v in values.items() if k in attrs.fields_dict(cls)})
+        for cls, obj in config.sections.items()
+    }
+    return attrs.evolve(config, sections=sections)
+
+
+def _micro_batches(micro: int, rows: int) -> Iterator[tuple[int, int]]:
+    """(micro, accumulation) making ``rows`` per data-parallel rank and step: ``micro`` (or fewer), then halved."""
+    micro = min(micro, rows)
+    while micro >= 1:
+        if rows % micro == 0:
+            yield micro, rows // micro
+        micro //= 2
+
+
+def search(args: argparse.Namespace, written: Plan, shape: ModelShape, gpu_memory: int) -> list[Candidate]:
+    """Every layout of ``layouts`` that checks and fits, each at its largest micro-batch that fits, fastest first."""
+    installed = {info.distribution for info in written.plugins.infos}
+    data, _ = load_yaml(Path(args.config))
+    world = args.gpus * args.nodes
+    c = written.config
+    rows = c.micro_batch_size * c.gradient_accumulation_steps * written.mesh.dp_size  # the global batch, kept
+    found: list[Candidate] = []
+    with tempfile.TemporaryDirectory(prefix="ktrain-plan-") as tmp:
+        for layout in layouts(installed, args.gpus, shape):
+            changed = {**data}
+            layout.edit(changed)
+            try:
+                fresh = layout.label != AS_WRITTEN
+                plan = _prepare(changed, _overrides(args, data), world, Path(tmp)) if fresh else written
+            except (ConfigError, PluginError):  # a layout the config's other keys refuse is not a candidate
+                continue
+            if rows % plan.mesh.dp_size:
+                continue
+            for micro, accumulation in _micro_batches(c.micro_batch_size, rows // plan.mesh.dp_size):
+                config = with_keys(plan.config, micro_batch_size=micro, gradient_accumulation_steps=accumulation)
+                prediction = predict(config, plan.mesh, plan.plugins, shape)
+                if _fits(prediction, gpu_memory, args.host_memory_bytes, args.gpus):
+                    seconds = step_seconds(config, plan, prediction, shape, args.nodes)
+                    unset = tuple(key for key in data if key not in changed)
+                    found.append(Candidate(layout, plan, micro, accumulation, prediction, seconds, unset))
+                    break
+    return sorted(found, key=lambda c: c.seconds)
+
+
+def _overrides(args: argparse.Namespace, data: dict[str, Any]) -> list[str]:
+    """``--set`` values, and a placeholder dataset for a config without one (benchmark shapes)."""
+    extra = [] if (data.get("datasets") or data.get("pretraining_dataset")) else ["datasets=[{path: .}]"]
+    return [*args.overrides, *extra]
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def describe(prediction: Prediction, gpu_memory: int) -> list[str]:
+    """The lines of one prediction: each component, the peak, and whether it fits."""
+    lines = [f"  {name:<22} {_gib(size):>10}" for name, size in prediction.components() if size]
+    for name, size in prediction.states.host.items():
+        lines.append(f"  {name + ' (host)':<22} {_gib(size):>10}")
+    verdict = "fits in" if prediction.device_bytes <= gpu_memory else "does NOT fit in"
+    lines.append(
+        f"  peak per rank {_gib(prediction.peak)}; with the allocator's overhead and a CUDA context "
+        f"{_gib(prediction.device_bytes)}: {verdict} {_gib(gpu_memory)}"
+    )
+    if prediction.not_modelled:
+        lines.append(f"  not modelled: {', '.join(prediction.not_modelled)}")
+    return lines
+
+
+def write_config(path: Path, config_path: Path, overrides: list[str], candidate: Candidate) -> None:
+    """Write the config at ``config_path`` with ``overrides`` (``--set``) and changed to ``candidate``, atomically,
+    to ``path`` (its keys; comments are not kept)."""
+    data, _ = load_yaml(config_path)
+    for assignment in overrides:
+        apply_override(data, assignment)
+    candidate.layout.edit(data)
+    data["micro_batch_size"] = candidate.micro
+    data["gradient_accumulation_steps"] = candidate.accumulation
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(dump_yaml(data), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``ktrain plan``."""
+    p.add_argument("config", help="the run's YAML")
+    p.add_argument("--gpus", type=int, required=True, metavar="N", help="GPUs per node")
+    p.add_argument("--nodes", type=int, default=1, metavar="M", help="nodes (default 1)")
+    p.add_argument("--gpu-memory", default="80GiB", metavar="SIZE", help="memory of one GPU (default 80GiB)")
+    p.add_argument("--host-memory", metavar="SIZE", help="host memory of a node, for offloaded states")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a key")
+    p.add_argument("--top", type=int, default=8, metavar="K", help="layouts to list (default 8)")
+    p.add_argument("--write", type=Path, metavar="OUT.yaml", help="write the fastest layout that fits as a config")
+
+
+def plan_cli(args: argparse.Namespace) -> int:
+    """Run ``ktrain plan``; returns the exit code (2: bad input, 1: nothing fits)."""
+    gpu_memory = parse_bytes(args.gpu_memory, "--gpu-memory")
+    args.host_memory_bytes = parse_bytes(args.host_memory, "--host-memory") if args.host_memory else None
+    if args.gpus < 1 or args.nodes < 1:
+        raise ConfigError.single("--gpus" if args.gpus < 1 else "--nodes", "must be at least 1")
+    data, _ = load_yaml(Path(args.config)) if Path(args.config).is_file() else ({}, {})
+    load_plugins_and_config(args.config, args.overrides)  # the config's own problems first, as ktrain check
+    written = prepare(args.config, _overrides(args, data), world_size=args.gpus * args.nodes)
+    try:
+        shape = read_shape(written.config)
+    except ShapeError as e:
+        raise ConfigError.single("base_model", str(e)) from None
+    prediction = predict(written.config, written.mesh, written.plugins, shape)
+    print(f"ktrain plan: {args.config} on {args.nodes} x {args.gpus} GPUs of {_gib(gpu_memory)}")
+    print(f"model: {shape.model_type}, {shape.parameters / 1e9:.2f} B parameters; mesh {written.mesh.describe()}")
+    c = written.config
+    print(f"as written: {prediction.sharding}, {prediction.optimizer}, micro batch {c.micro_batch_size} x "
+          f"{c.gradient_accumulation_steps}, sequence {c.sequence_len}")  # fmt: skip
+    print("\n".join(describe(prediction, gpu_memory)))
+    found = search(args, written, shape, gpu_memory)
+    print(
+        f"\nlayouts that fit, fastest first (estimated step: compute at {MFU:.0%} MFU of {PEAK_FLOPS / 1e12:.0f} "
+        f"TFLOP/s, communication at {NODE_BANDWIDTH / 1e9:.0f} GB/s in a node and {NETWORK_BANDWIDTH / 1e9:.0f} GB/s "
+        f"between nodes, not overlapped; an estimate):"
+    )
+    if not found:
+        print("  none: try more GPUs, --gpu-memory, or an adapter (adapter: qlora)")
+        return 1
+    for i, cand in enumerate(found[: args.top], 1):
+        print(f"  {i}. {cand.label():<58} peak {_gib(cand.prediction.device_bytes):>9}  step {cand.seconds:6.2f} s")
+        print(f"     --set {' --set '.join(cand.sets())}")
+    if args.write:
+        write_config(args.write, Path(args.config), args.overrides, found[0])
+        print(f"wrote {args.write}: {found[0].label()}")
+    return 0
+
+
+def check_memory(plan: Plan, config_path: str, overrides: list[str], gpu_memory_text: str) -> str:
+    """``ktrain check --gpu-memory SIZE``: the predicted peak per rank of ``plan``, and, when it does not fit, a
+    warning naming the fastest layout ``ktrain plan`` finds that fits (a warning: the model can be wrong)."""
+    gpu_memory = parse_bytes(gpu_memory_text, "--gpu-memory")
+    try:
+        shape = read_shape(plan.config)
+    except ShapeError as e:
+        return f"memory: not predicted ({e})"
+    prediction = predict(plan.config, plan.mesh, plan.plugins, shape)
+    line = (
+        f"memory: predicted peak per rank {_gib(prediction.peak)}, {_gib(prediction.device_bytes)} with the "
+        f"allocator's overhead and a CUDA context, of {_gib(gpu_memory)} (`ktrain plan` shows the parts)"
+    )
+    if prediction.device_bytes <= gpu_memory:
+        return line
+    args = argparse.Namespace(
+        config=config_path, overrides=list(overrides), gpus=plan.mesh.world_size, nodes=1, host_memory_bytes=None
+    )
+    found = search(args, plan, shape, gpu_memory)
+    if not found:
+        return f"{line}\nktrain: warning: predicted not to fit, and no layout of `ktrain plan` fits"
+    change = f"{found[0].label()} (--set {' --set '.join(found[0].sets())})"
+    return f"{line}\nktrain: warning: predicted not to fit; the fastest layout that fits: {change}"
