@@ -30,6 +30,7 @@ ENABLING: dict[str, dict[str, object]] = {
     "mlflow": {"mlflow_tracking_uri": "file:///nowhere"},
     "fused_loss": {"fused_linear_cross_entropy": True},
     "liger": {"liger_rms_norm": True},
+    "fp8": {"fp8": True},
     "needy": {"needy": True},  # an installed plugin whose distribution requires a package that is not installed
     # last: DeepSpeed's own parser checks the JSON before any rank starts, and imports torch with DeepSpeed
     "deepspeed": {"deepspeed": str(REPO / "tests" / "fixtures" / "deepspeed" / "zero2.json")},

@@ -105,6 +105,4 @@ def ktrain_activate(config: Any, activate) -> None:
     """Convert the linear layers on each rank when ``fp8`` is true."""
     if not config.fp8:
         return
-    from ktrain_fp8.runtime import Fp8Training
-
-    activate(Fp8Training(config), keys=("fp8",))
+    activate("ktrain_fp8.runtime:Fp8Training", keys=("fp8",))
