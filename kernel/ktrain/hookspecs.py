@@ -107,9 +107,9 @@ def ktrain_validate_config(config: Config, report: Report, launch: Launch | None
 
     ``launch`` says where the run will happen: under ``ktrain run`` a ``Launch`` with the world size and
     the device type of the ranks (``"cuda"`` or ``"cpu"``) and on GPUs their lowest compute capability
-    (``capability``), so a check that depends on them can refuse
-    the run before any rank starts; under ``ktrain check --world-size N`` a ``Launch`` with that world
-    size and no device; otherwise (``ktrain check``, on the ranks) None: warn instead of refusing.
+    (``capability``), so a check that depends on them can refuse the run before any rank starts; under
+    ``ktrain check --world-size N`` a ``Launch`` with that world size and no device; otherwise (``ktrain
+    check``, on the ranks) None: warn instead of refusing.
     """
 
 
