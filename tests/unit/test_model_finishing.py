@@ -1,6 +1,7 @@
-"""Axolotl's model keys applied as the kernel readies the model: ``unfrozen_parameters`` leaves only the
-matching parameters trainable (a period literal, matched from the name's start), ``resize_token_embeddings_to_32x``
-grows the embeddings to a multiple of 32; bad patterns and an adapter beside them stop the check."""
+"""Axolotl's model keys applied as the kernel builds and readies the model: ``model_config`` changes the
+model's config, ``unfrozen_parameters`` leaves only the matching parameters trainable (a period literal,
+matched from the name's start), ``resize_token_embeddings_to_32x`` grows the embeddings to a multiple of 32;
+bad patterns, an adapter beside them and a config setting the model lacks stop the run naming the key."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from ktrain.builtin.freezing import freeze_except
 from ktrain.builtin.hf_model import build_model, finish_model
 from ktrain.config.plan import load_plugins_and_config, prepare
 from ktrain.config.report import ConfigError
+from ktrain.testing import model_dir
 
 
 def _ready(tiny_config, **keys: object) -> torch.nn.Module:
-    config = load_plugins_and_config(tiny_config(random_init_weights=True, **keys), [])[1]
+    config = load_plugins_and_config(tiny_config(**{"random_init_weights": True, **keys}), [])[1]
     tokenizer = transformers.AutoTokenizer.from_pretrained(config.base_model)
     run = types.SimpleNamespace(tokenizer=tokenizer, device=torch.device("cpu"))
     return finish_model(build_model(config, run, {}), config, run)
@@ -43,3 +45,16 @@ def test_bad_patterns_and_an_adapter_are_refused(tiny_config) -> None:
     assert "unfrozen_parameters[1]: '(unclosed' is not a regular expression" in str(e.value)
     with pytest.raises(ConfigError, match="unfrozen_parameters: the adapter chooses what trains"):
         prepare(tiny_config(unfrozen_parameters=["lm_head"], adapter="lora", lora_target_linear=True))
+
+
+def test_model_config_changes_the_config_the_model_is_built_with(tmp_path, tiny_config) -> None:
+    weights = model_dir(tmp_path, weights=True)
+    for random_init in (True, False):
+        model = _ready(
+            tiny_config, base_model=str(weights), random_init_weights=random_init, model_config={"rms_norm_eps": 0.25}
+        )
+        assert model.config.rms_norm_eps == 0.25 and model.model.norm.variance_epsilon == 0.25, random_init
+    with pytest.raises(
+        ConfigError, match=r"model_config.output_router_logit: the model's config \(LlamaConfig\) has no"
+    ):
+        _ready(tiny_config, model_config={"output_router_logit": True})

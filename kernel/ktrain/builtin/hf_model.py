@@ -94,6 +94,21 @@ def load_kwargs(config: Any, model_kwargs: dict[str, Any]) -> dict[str, Any]:
     return {"attn_implementation": attention_implementation(config), "dtype": weight_dtype(config), **model_kwargs}
 
 
+def config_overrides(config: Any) -> dict[str, Any]:
+    """``model_config``: settings of the model's config to change before it is built. A name the model's
+    config does not have stops the run naming it (a typo would otherwise be stored and never read)."""
+    overrides = dict(config.model_config or {})
+    if overrides:
+        source = config.base_model_config or config.base_model
+        known = transformers.AutoConfig.from_pretrained(source, trust_remote_code=config.trust_remote_code)
+        unknown = [name for name in overrides if name not in known.to_dict()]
+        if unknown:
+            raise ConfigError.single(
+                f"model_config.{unknown[0]}", f"the model's config ({type(known).__name__}) has no such setting"
+            )
+    return overrides
+
+
 def build_model(config: Any, run: Any, model_kwargs: dict[str, Any], *, empty: bool = False) -> Any:
     """Build the model of ``config``: its weights read from ``base_model`` (a folder or a hub id), or random
     with ``random_init_weights``; in the weight dtype, with the attention implementation this machine
@@ -102,14 +117,15 @@ def build_model(config: Any, run: Any, model_kwargs: dict[str, Any], *, empty: b
     ``empty``: build the same architecture on the meta device, no weights read, nothing quantized (the
     ``quantization_config`` is left out: a caller that needs a quantized skeleton makes it), for a loader
     whose weights arrive later, from another rank (FSDP's ``cpu_ram_efficient_loading``). Then
-    ``finish_model``.
+    ``finish_model``. ``model_config`` changes the model's config first (``config_overrides``).
     """
     auto = getattr(transformers, config.model_type or "AutoModelForCausalLM")
     kwargs = load_kwargs(config, model_kwargs)
     dense = {k: v for k, v in kwargs.items() if k != "quantization_config"}
+    overrides = config_overrides(config)
     if empty or config.random_init_weights:
         model_config = transformers.AutoConfig.from_pretrained(
-            config.base_model_config or config.base_model, trust_remote_code=config.trust_remote_code
+            config.base_model_config or config.base_model, trust_remote_code=config.trust_remote_code, **overrides
         )
         if empty:
             with torch.device("meta"):
@@ -128,7 +144,11 @@ def build_model(config: Any, run: Any, model_kwargs: dict[str, Any], *, empty: b
         )
     try:
         return auto.from_pretrained(
-            config.base_model, trust_remote_code=config.trust_remote_code, **kwargs, **placement(kwargs, run)
+            config.base_model,
+            trust_remote_code=config.trust_remote_code,
+            **overrides,
+            **kwargs,
+            **placement(kwargs, run),
         )
     except OSError as e:
         raise ConfigError.single(

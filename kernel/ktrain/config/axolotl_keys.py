@@ -1038,8 +1038,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "datasets[].skip",
     ),
     "changing the model's config or loading kwargs is not supported; edit config.json in a copy of the model folder": (
-        "model_config",
-        "overrides_of_model_config",
         "model_kwargs",
         "overrides_of_model_kwargs",
         "rope_scaling",
@@ -1048,6 +1046,7 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "a Hub revision is not chosen by ktrain; download it (`hf download ID --revision REV --local-dir DIR`) and "
     "give the folder": ("model_revision", "revision_of_model", "datasets[].revision"),
     "Axolotl's other spelling of model_type: write model_type": ("type_of_model",),
+    "Axolotl's other spelling of model_config: write model_config": ("overrides_of_model_config",),
     "the Mistral tokenizer library is not supported; ktrain loads the tokenizer with AutoTokenizer": (
         "tokenizer_use_mistral_common",
     ),

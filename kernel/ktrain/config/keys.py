@@ -59,6 +59,9 @@ class ModelKeys:
     base_model_config: str | None = key(None, "directory or hub id of the model config, if not base_model's")
     tokenizer_config: str | None = key(None, "directory or hub id of the tokenizer, if not base_model's")
     model_type: str | None = key(None, "transformers Auto class to load with (default AutoModelForCausalLM)")
+    model_config: dict[str, Any] | None = key(
+        None, "settings of the model's config.json changed before it is built (output_router_logits: true, ...)"
+    )
     trust_remote_code: bool = key(False, "run model code shipped with the checkpoint")
     random_init_weights: bool = key(False, "build the model from its config with random weights (tests, benchmarks)")
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2", "flex_attention"] | None = key(
