@@ -1,0 +1,116 @@
+"""``ktrain plan`` and ``ktrain check --gpu-memory``: the memory model before any rank starts, in process.
+
+The model-state bytes are checked against real runs in tests/integration/test_memory_model.py; here: the
+prediction of the 1.5B Llama shape against its measured peak, a plugin that owns a role and does not answer,
+the command's output and written config, and bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import attrs
+import pytest
+import yaml
+
+from ktrain import hookimpl
+from ktrain.cli import EXIT_BAD_INPUT, main
+from ktrain.commands.plan import parse_bytes
+from ktrain.config.plan import prepare
+from ktrain.config.report import ConfigError
+from ktrain.memory.model import predict
+from ktrain.memory.shape import read_shape
+from ktrain.testing import write_model_dir
+
+REPO = Path(__file__).resolve().parents[2]
+GIB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_model_dir(tmp_path_factory.mktemp("plan-model"))
+
+
+def _config(folder: Path, model: Path, **keys: object) -> Path:
+    data = {"base_model": str(model), "datasets": [{"path": str(folder), "type": "chat_template"}],
+            "output_dir": str(folder / "out"), "micro_batch_size": 4, "sequence_len": 64, "random_init_weights": True,
+            **keys}  # fmt: skip
+    path = folder / "run.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def test_the_shape_lists_the_tensors_transformers_builds(model: Path) -> None:
+    """The tiny Llama's parameter count as transformers counts it (86,848), from config.json alone."""
+    shape = read_shape(types.SimpleNamespace(base_model_config=None, base_model=str(model)))
+    assert shape.parameters == 86_848
+
+
+def test_the_1p5b_shape_is_within_ten_percent_of_its_measured_peak() -> None:
+    """configs/bench/llama_1p5b.yaml on one H200: 74.4 GiB measured (docs/results)."""
+    report = REPO / "docs" / "results" / "h200-2026-12-02" / "llama_1p5b.json"
+    measured = json.loads(report.read_text(encoding="utf-8"))["ktrain"]["peak_memory_gib"]
+    plan = prepare(REPO / "configs" / "bench" / "llama_1p5b.yaml", ["datasets=[{path: .}]"], world_size=1)
+    predicted = predict(plan.config, plan.mesh, plan.plugins).peak / GIB
+    assert abs(predicted / measured - 1) < 0.10, (predicted, measured)
+
+
+def test_a_plugin_owning_a_role_without_an_answer_is_not_modelled(tmp_path: Path, model: Path) -> None:
+    section = attrs.make_class("ShardKeys", {"my_shard": attrs.field(default=False, metadata={"help": "on"})})
+    entry = types.ModuleType("my_sharder")
+    entry.ktrain_register_config = hookimpl(lambda register: register(section))
+    entry.ktrain_activate = hookimpl(
+        lambda config, activate: (
+            activate(types.SimpleNamespace(), roles=("sharding",), keys=("my_shard",)) if config.my_shard else None
+        )
+    )
+    plan = prepare(_config(tmp_path, model, my_shard=True), world_size=2, extra_plugins=[("my_sharder", entry)])
+    prediction = predict(plan.config, plan.mesh, plan.plugins)
+    assert len(prediction.not_modelled) == 1 and prediction.not_modelled[0].startswith("'my_sharder'")
+
+
+def test_plan_prints_the_parts_and_writes_the_fastest_layout_that_fits(tmp_path: Path, model: Path, capsys) -> None:
+    out = tmp_path / "fast.yaml"
+    config = _config(tmp_path, model, gradient_accumulation_steps=2)
+    code = main(["plan", str(config), "--gpus", "2", "--gpu-memory", "1.02GiB", "--top", "2", "--write", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "optimizer states" in printed and "layouts that fit, fastest first" in printed and " 1. " in printed
+    written = yaml.safe_load(out.read_text(encoding="utf-8"))
+    rows = (
+        written["micro_batch_size"]
+        * written["gradient_accumulation_steps"]
+        * 2
+        // written.get("tensor_parallel_size", 1)
+    )
+    assert rows == 4 * 2 * 2  # the global batch as written
+    assert prepare(out, world_size=2).mesh.world_size == 2  # a config ktrain check accepts
+
+
+def test_check_warns_with_a_layout_that_fits_and_never_fails(tmp_path: Path, model: Path, capsys) -> None:
+    """1034 MiB leaves the tiny model 10 MiB beside the CUDA context: micro-batches of 16 rows of 64 tokens
+    (predicted 13.6 MiB) do not fit under DDP; 8 rows (7.5 MiB) do."""
+    config = _config(tmp_path, model, micro_batch_size=16)
+    assert main(["check", str(config), "--world-size", "2", "--gpu-memory", "1034MiB"]) == 0
+    printed = capsys.readouterr().out
+    assert "memory: predicted peak per rank" in printed
+    assert "ktrain: warning: predicted not to fit; the fastest layout that fits: " in printed
+
+
+@pytest.mark.parametrize("text", ["lots", "80 GiBs", ""])
+def test_a_size_that_is_not_one_is_refused_naming_the_flag(text: str) -> None:
+    with pytest.raises(ConfigError, match="--gpu-memory"):
+        parse_bytes(text, "--gpu-memory")
+
+
+def test_sizes_read_as_written() -> None:
+    assert parse_bytes("80GiB", "x") == 80 * GIB == parse_bytes("80G", "x")
+    assert parse_bytes("141GB", "x") == 141 * 10**9
+
+
+def test_plan_with_a_bad_size_exits_2_with_one_line(tmp_path: Path, model: Path, capsys) -> None:
+    code = main(["plan", str(_config(tmp_path, model)), "--gpus", "2", "--gpu-memory", "lots"])
+    err = capsys.readouterr().err
+    assert code == EXIT_BAD_INPUT and "--gpu-memory" in err and "Traceback" not in err
