@@ -201,7 +201,8 @@ def _names(keys: typing.Iterable[str]) -> str:
 
 def axolotl_reference() -> str:
     """The generated part of docs/config.md: Axolotl's keys owned by ktrain, accepted with a note, refused."""
-    owned = [k for k in _catalogue() if k in _owned()]
+    declared = _owned()  # once: it reads the type hints of every section
+    owned = [k for k in _catalogue() if k in declared]
     out = [
         f"Read from Axolotl {AXOLOTL_VERSION}: {len(_catalogue())} keys.",
         "",
