@@ -9,6 +9,7 @@ refusals go through the checks a ``ktrain run`` makes before any rank starts.
 from __future__ import annotations
 
 import importlib.util
+import json
 import types
 from pathlib import Path
 
@@ -152,3 +153,14 @@ def test_ktrain_run_on_a_cpu_is_refused_with_one_line(root: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "fp8: needs a GPU of compute capability 8.9 or later" in done.stderr
     assert "Traceback" not in done.stderr and not (root / "refused").exists()
+
+
+def test_bench_reports_an_fp8_run_against_both_peaks() -> None:
+    """``ktrain bench``'s printed report of the fp8 run measured on an H200: MFU against the bf16 peak in the table,
+    and a labelled line against the FP8 peak."""
+    from ktrain.bench.report import describe_report
+
+    report = json.loads((REPO / "docs/results/h200-2026-12-04-fp8/profile_fp8_tensorwise.json").read_text())
+    text = describe_report(report)
+    assert "peak 989 TFLOP/s" in text and " 67.3% " in text
+    assert "fp8: MFU 33.7% against the dense FP8 peak (1978 TFLOP/s); the MFU column is against the bf16 peak" in text
