@@ -45,6 +45,9 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
     launch.add_argument("--rdzv-backend", default="c10d", help="rendezvous backend")
     launch.add_argument("--rdzv-id", help="id shared by the machines of one run (default: SLURM's job id, or ktrain)")
     launch.add_argument(
+        "--rdzv-timeout", type=int, default=600, help="seconds the machines wait for each other at the rendezvous"
+    )
+    launch.add_argument(
         "--max-restarts",
         type=int,
         default=0,
@@ -186,7 +189,7 @@ def _keys(args: argparse.Namespace) -> int:
 
 def _plugins(args: argparse.Namespace) -> int:
     from ktrain.commands.describe import describe_plugins
-    from ktrain.plugins import discover
+    from ktrain.config.activation import discover
 
     print(describe_plugins(discover()))
     return EXIT_OK
@@ -257,7 +260,7 @@ COMMANDS: dict[str, Command] = {
 
 
 def _plugin_commands() -> dict[str, Command]:
-    from ktrain.plugins import discover
+    from ktrain.config.activation import discover
 
     found: dict[str, Command] = {}
 

@@ -116,8 +116,12 @@ def _run_here(run_dir: Path, resume: bool) -> int:
     return EXIT_OK
 
 
-STOPPED = (-signal.SIGTERM, 128 + signal.SIGTERM, 128 + signal.SIGINT)
+STOPPED = (-signal.SIGTERM, 128 + signal.SIGTERM, 128 + signal.SIGINT, 128 + signal.SIGUSR1)
 """Exit codes of a rank stopped by a signal: killed by the agent's SIGTERM, or stopped cleanly (``ktrain.run.stop``)."""
+FORWARDED = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+"""Signals the agent passes on to the ranks: torch's own and SIGUSR1, SLURM's warning before the time limit."""
+STOP_TIMEOUT_S = int(os.environ.get("KTRAIN_STOP_TIMEOUT_S", "120"))
+"""How long the agent lets ranks told to stop finish their step and save it before it kills them."""
 
 
 def _cause(failures: dict) -> tuple[int, Any]:
@@ -170,6 +174,10 @@ def run_ranks(nproc: int, args: argparse.Namespace, worker: list[str], run_dir: 
         str(args.max_restarts),
         "--monitor-interval",
         "0.2",
+        "--signals-to-handle",
+        FORWARDED,
+        "--shutdown-timeout",
+        str(STOP_TIMEOUT_S),
     ]
     if args.rdzv_endpoint:
         argv += [
@@ -181,6 +189,8 @@ def run_ranks(nproc: int, args: argparse.Namespace, worker: list[str], run_dir: 
             args.rdzv_id,
             "--node-rank",
             str(args.node_rank),
+            "--rdzv-conf",
+            f"join_timeout={args.rdzv_timeout}",
         ]
     else:
         argv += ["--standalone"]

@@ -279,10 +279,19 @@ class Trainer:
                 run.log.write(run.step, eval_metrics)
                 run.hook.ktrain_on_eval_end(run=run, step=run.step, metrics=eval_metrics)
             if save_every and (run.step % save_every == 0 or run.step == total) and run.step != last_saved:
-                path = checkpoints.save(run, self.engine, run.step, {"step": run.step, "tokens_seen": self.tokens_seen})
+                self._save()
                 last_saved = run.step
-                run.hook.ktrain_on_checkpoint_saved(run=run, step=run.step, path=path)
+            if stop.agreed():  # pre-empted (SIGTERM, SIGUSR1): the step is done; save it, then every rank stops
+                if config.save_strategy != "no" and run.step != last_saved:
+                    self._save()
+                raise stop.Interrupted(stop.agreed())
         return metrics
+
+    def _save(self) -> None:
+        """Save the checkpoint of the step just finished (collectively) and tell the plugins."""
+        run = self.run
+        path = checkpoints.save(run, self.engine, run.step, {"step": run.step, "tokens_seen": self.tokens_seen})
+        run.hook.ktrain_on_checkpoint_saved(run=run, step=run.step, path=path)
 
     def _export(self) -> None:
         run = self.run

@@ -4,7 +4,8 @@ Its output is routed (``ktrain.run.console``): ktrain's lines to the terminal, e
 libraries' warnings and progress bars, an error's traceback) to ``RUN_DIR/logs/rank-N.log``.
 Errors are recorded through torch elastic's error file, so the launcher shows the first failure; bad
 input a rank finds (``ktrain.run.outcome``) is recorded as such, with exit code 2 and no traceback.
-SIGINT and SIGTERM stop every rank together (``ktrain.run.stop``) with exit code 130 or 143. A rank the
+SIGINT, SIGTERM and SIGUSR1 stop every rank together (``ktrain.run.stop``; the last two after the step's
+checkpoint) with exit code 130, 143 or 138. A rank the
 agent restarts (``--max-restarts``) resumes from the latest checkpoint when there is one.
 """
 
@@ -70,13 +71,13 @@ def _peer_gone(error: BaseException) -> bool:
 
 
 def _stopped_while_starting(signum: int, frame: FrameType | None) -> None:
-    """SIGINT or SIGTERM while the rank imports torch: nothing is written yet, so leave at once, quietly."""
+    """SIGINT, SIGTERM or SIGUSR1 while the rank imports torch: nothing is written yet, so leave at once, quietly."""
     del frame
     os._exit(128 + signum)
 
 
 if __name__ == "__main__":
-    for _signum in (signal.SIGINT, signal.SIGTERM):
+    for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(_signum, _stopped_while_starting)
     from torch.distributed.elastic.multiprocessing.errors import record
 
