@@ -2,7 +2,7 @@
 
 The config as written is checked for ``N x nodes`` ranks and its peak per rank predicted
 (``ktrain.memory``); then layouts the installed plugins allow are tried: the sharding (the kernel's DDP,
-FSDP2 with and without resharding, ZeRO-1/2/3 and ZeRO-3 with the optimizer offloaded), activation
+FSDP2 with and without resharding, ZeRO-1/2/3 and ZeRO-3 with optimizer and weights offloaded), activation
 checkpointing, tensor parallelism within a node, and smaller micro-batches with more accumulation
 (the global batch kept). Those that fit are ordered by an estimated step time: compute at a measured
 MFU, plus communication bytes at a stated bandwidth, not overlapped. ``--write OUT.yaml`` writes the
@@ -76,15 +76,18 @@ class Candidate:
     unset: tuple[str, ...] = ()
 
     def label(self) -> str:
+        """How ``ktrain plan`` names it."""
         return f"{self.layout.label}, micro batch {self.micro} x {self.accumulation}"
 
     def sets(self) -> tuple[str, ...]:
+        """The ``--set`` values that turn the config as written into this candidate."""
         batch = (f"micro_batch_size={self.micro}", f"gradient_accumulation_steps={self.accumulation}")
         return (*(f"{key}=null" for key in self.unset), *self.layout.sets, *batch)
 
 
 def _strip(data: dict[str, Any]) -> None:
-    for key in SHARDING_KEYS:
+    """Remove the keys a layout sets itself: sharding, checkpointing, tensor parallelism."""
+    for key in (*SHARDING_KEYS, "gradient_checkpointing", "tensor_parallel_size"):
         data.pop(key, None)
 
 
@@ -96,7 +99,7 @@ def _sharding_layouts(installed: set[str]) -> Iterator[tuple[str, list[str]]]:
     if "ktrain-plugin-deepspeed" in installed:
         for stage in (1, 2, 3):
             yield f"ZeRO-{stage}", [f"deepspeed=zero{stage}"]
-        yield "ZeRO-3, optimizer offloaded", ["deepspeed=zero3_bf16_cpuoffload_all"]
+        yield "ZeRO-3, optimizer and weights offloaded", ["deepspeed=zero3_bf16_cpuoffload_all"]
 
 
 def layouts(installed: set[str], gpus_per_node: int, shape: ModelShape) -> list[Layout]:
@@ -120,7 +123,6 @@ def layouts(installed: set[str], gpus_per_node: int, shape: ModelShape) -> list[
 
                 def edit(data: dict[str, Any], more: list[str] = more) -> None:
                     _strip(data)
-                    data.pop("gradient_checkpointing", None)
                     for assignment in more:
                         apply_override(data, assignment)
 
