@@ -1,5 +1,6 @@
 """``ktrain slurm``'s script against a real SLURM: a one-node cluster of this machine (munged, slurmctld and slurmd
-with their own slurm.conf, ports and state folders in the test's folder) runs a 2-rank job on the tiny model.
+with their own slurm.conf, ports and state folders in the test's folder) runs a 2-rank job on the tiny model,
+warned before its time limit, requeued and resumed.
 
 Needs Debian's slurm-wlm and munge (.ci/run installs them where apt-get is available) and root: slurmd starts
 each job's processes as the job's user.
@@ -23,7 +24,7 @@ import pytest
 from ktrain.testing import dataset, model_dir, read_metrics, write_config
 from ktrain.testing.runs import ktrain
 
-DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo")
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sinfo")
 MISSING = [name for name in DAEMONS if shutil.which(name) is None and not Path("/usr/sbin", name).is_file()]
 pytestmark = [
     pytest.mark.skipif(
@@ -52,7 +53,7 @@ SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={root}/munge/socket
+AuthInfo=socket={root}/munge/socket,cred_expire=5
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool
 SlurmctldPidFile={root}/slurmctld.pid
@@ -64,6 +65,7 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
+SchedulerParameters=sched_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
@@ -123,21 +125,33 @@ def _wait(job: str, env: dict[str, str], root: Path, timeout: float = 240) -> di
         time.sleep(1)
 
 
-def test_the_script_ktrain_slurm_writes_trains_on_slurm(slurm: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+def test_the_script_trains_and_a_warned_job_requeues_and_resumes(
+    slurm: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """The script ``ktrain slurm --submit`` wrote runs 2 ranks; SIGUSR1 to its step (what ``--signal=USR1@120``
+    sends before the time limit) stops them with a checkpoint, the script requeues the job, and the job started
+    again resumes from the checkpoint and finishes."""
     root, env = slurm
     model_dir(tmp_path)
-    dataset(tmp_path, 32)
-    config = write_config(tmp_path, max_steps=2, logging_steps=1)
-    script = tmp_path / "train.sbatch"
+    dataset(tmp_path, 64)
+    config = write_config(tmp_path, max_steps=40, logging_steps=1, save_steps=1000)
     submitted = ktrain(
         "slurm", str(config), "--nodes", "1", "--gpus-per-node", "0", "--nproc-per-node", "2",
-        "--cpus-per-task", "2", "--job-name", "train", "--script", str(script), "--submit",
+        "--cpus-per-task", "2", "--job-name", "train", "--script", str(tmp_path / "train.sbatch"), "--submit",
         env={"SLURM_CONF": env["SLURM_CONF"]},
     )  # fmt: skip
     assert submitted.returncode == 0, submitted.stderr
     job = re.search(r"Submitted batch job (\d+)", submitted.stdout).group(1)
+    log = tmp_path / f"train-{job}.out"
+    deadline = time.monotonic() + 240
+    while not (log.is_file() and "step 1/40" in log.read_text()):
+        assert time.monotonic() < deadline, f"job {job} logged no step\n{_logs(root)}"
+        time.sleep(0.2)
+    subprocess.run([_tool("scancel"), "--signal=USR1", job], env=env, check=True)
     fields = _wait(job, env, root)
-    log = (tmp_path / f"train-{job}.out").read_text()
-    assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", f"{fields}\n{log}\n{_logs(root)}"
-    assert f"ktrain: SLURM job {job}: 1 node(s), this is node 0" in log
-    assert sorted(read_metrics(tmp_path / "out")) == [1, 2]
+    text = log.read_text()
+    assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", f"{fields}\n{text}\n{_logs(root)}"
+    assert fields["Restarts"] == "1", text
+    assert f"ktrain: SLURM job {job}: 1 node(s), this is node 0" in text
+    assert "ktrain: stopped by SIGUSR1" in text and "resumed from" in text, text
+    assert sorted(read_metrics(tmp_path / "out")) == list(range(1, 41))

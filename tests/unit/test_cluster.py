@@ -176,7 +176,7 @@ def test_slurm_writes_the_script_users_write(config: Path, tmp_path: Path, capsy
         "#SBATCH --signal=USR1@120",
         f"srun --kill-on-bad-exit=1 ktrain run {config} --set auto_resume_from_checkpoints=true --set max_steps=3 "
         "--nproc-per-node 4",
-        "case $code in 138|143)",
+        "case $code in 143|138)",
         '    scontrol requeue "$SLURM_JOB_ID" ;;',
     ):
         assert line + "\n" in text

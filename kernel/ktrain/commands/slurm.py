@@ -13,18 +13,18 @@ from __future__ import annotations
 import argparse
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from ktrain.config.report import ConfigError
+from ktrain.run.stop import SAVING
 
 WARN_BEFORE_S = 120
 """Seconds before the time limit at which SLURM sends SIGUSR1: enough for a step and a checkpoint."""
-REQUEUE_EXIT_CODES = (128 + signal.SIGUSR1, 128 + signal.SIGTERM)
-"""``ktrain run``'s exit codes after SIGUSR1 or SIGTERM stopped every rank with the step's checkpoint saved
-(``ktrain.run.stop``): the script requeues the job on them."""
+REQUEUE_EXIT_CODES = tuple(128 + signum for signum in SAVING)
+"""``ktrain run``'s exit codes after SIGTERM or SIGUSR1 stopped every rank with the step's checkpoint saved
+(143, 138): the script requeues the job on them."""
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -93,7 +93,7 @@ def render(args: argparse.Namespace, config: Path, script: Path, workdir: Path) 
         "# auto_resume_from_checkpoints: a requeued job continues from the latest complete checkpoint.",
         f"srun --kill-on-bad-exit=1 {shlex.join(run)}",
         "code=$?",
-        "# stopped by SIGUSR1 (the time limit is near) or SIGTERM, the step's checkpoint saved: back in the queue",
+        "# stopped by SIGTERM or SIGUSR1 (the time limit is near), the step's checkpoint saved: back in the queue",
         f"case $code in {'|'.join(map(str, REQUEUE_EXIT_CODES))})",
         '    scontrol requeue "$SLURM_JOB_ID" ;;',
         "esac",
