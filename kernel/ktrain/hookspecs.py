@@ -59,10 +59,8 @@ if TYPE_CHECKING:
     from ktrain.config.report import Report
     from ktrain.engine import Engine
     from ktrain.memory.shape import ModelShape
+    from ktrain.run.context import Run
     from ktrain.run.objective import Objective
-
-# ``run`` is the rank's ``ktrain.run.context.Run`` (see docs/writing-plugins.md). It is not imported here even
-# for type checking: a Run holds the run's plan, whose plugin manager imports this module.
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 
@@ -211,7 +209,7 @@ def ktrain_register_metric_sinks(register: Callable[..., None]) -> None:
 
 
 @hookspec
-def ktrain_collect_model_kwargs(run: Any) -> dict[str, Any] | None:
+def ktrain_collect_model_kwargs(run: Run) -> dict[str, Any] | None:
     """Return keyword arguments for ``from_pretrained`` (e.g. ``quantization_config``, ``attn_implementation``).
 
     Every plugin answers; the kernel merges them and a key given by two plugins is an error.
@@ -219,7 +217,7 @@ def ktrain_collect_model_kwargs(run: Any) -> dict[str, Any] | None:
 
 
 @hookspec(firstresult=True)
-def ktrain_load_tokenizer(run: Any) -> Any:
+def ktrain_load_tokenizer(run: Run) -> Any:
     """Load the tokenizer of ``run.config``.
 
     Role ``model_loader``; stops at the first non-None result. Called on every rank.
@@ -227,7 +225,7 @@ def ktrain_load_tokenizer(run: Any) -> Any:
 
 
 @hookspec(firstresult=True)
-def ktrain_load_model(run: Any, model_kwargs: dict[str, Any]) -> nn.Module:
+def ktrain_load_model(run: Run, model_kwargs: dict[str, Any]) -> nn.Module:
     """Load the model (an ``nn.Module`` whose forward takes ``input_ids``, ``labels`` and returns ``.loss``).
 
     Called on every rank with the merged ``model_kwargs``. Role ``model_loader``; stops at the first
@@ -236,7 +234,7 @@ def ktrain_load_model(run: Any, model_kwargs: dict[str, Any]) -> nn.Module:
 
 
 @hookspec
-def ktrain_wrap_model(model: nn.Module, run: Any) -> nn.Module | None:
+def ktrain_wrap_model(model: nn.Module, run: Run) -> nn.Module | None:
     """Transform the loaded model: adapters (LoRA), patched kernels (Liger), and the like.
 
     Called on every rank after loading. Each implementation returns a replacement model or None to
@@ -245,7 +243,7 @@ def ktrain_wrap_model(model: nn.Module, run: Any) -> nn.Module | None:
 
 
 @hookspec
-def ktrain_parallelize(model: nn.Module, run: Any) -> nn.Module | None:
+def ktrain_parallelize(model: nn.Module, run: Run) -> nn.Module | None:
     """Apply tensor/context/sequence parallelism on ``run.mesh``, then activation checkpointing, then compile.
 
     Called on every rank after ``ktrain_wrap_model`` and before ``ktrain_shard``. Returns a
@@ -256,7 +254,7 @@ def ktrain_parallelize(model: nn.Module, run: Any) -> nn.Module | None:
 @hookspec(firstresult=True)
 def ktrain_shard(
     model: nn.Module,
-    run: Any,
+    run: Run,
     build_optimizer: Callable[[Iterable[Any]], Optimizer],
     build_lr_scheduler: Callable[[Optimizer], LRScheduler],
 ) -> Engine:
@@ -270,7 +268,7 @@ def ktrain_shard(
 
 
 @hookspec
-def ktrain_collect_ddp_options(run: Any) -> dict[str, Any] | None:
+def ktrain_collect_ddp_options(run: Run) -> dict[str, Any] | None:
     """Return options of the kernel's default DDP: constructor keywords, and a comm hook with its state.
 
     Called on every rank by the default ``sharding`` owner, once, when it wraps the model in DDP (more
@@ -283,7 +281,7 @@ def ktrain_collect_ddp_options(run: Any) -> dict[str, Any] | None:
 
 
 @hookspec(firstresult=True)
-def ktrain_build_optimizer(params: Iterable[Any], run: Any) -> Optimizer:
+def ktrain_build_optimizer(params: Iterable[Any], run: Run) -> Optimizer:
     """Build the optimizer for ``params`` (parameter groups). Role ``optimizer``; first result wins.
 
     The default builds the optimizer registered under ``config.optimizer``, with decay applied to
@@ -292,7 +290,7 @@ def ktrain_build_optimizer(params: Iterable[Any], run: Any) -> Optimizer:
 
 
 @hookspec(firstresult=True)
-def ktrain_build_lr_scheduler(optimizer: Optimizer, run: Any, total_steps: int) -> LRScheduler:
+def ktrain_build_lr_scheduler(optimizer: Optimizer, run: Run, total_steps: int) -> LRScheduler:
     """Build the learning-rate scheduler for ``optimizer``. Role ``lr_scheduler``; first result wins."""
 
 
@@ -302,7 +300,7 @@ def ktrain_build_lr_scheduler(optimizer: Optimizer, run: Any, total_steps: int) 
 
 
 @hookspec
-def ktrain_wrap_train_step(step: Callable[..., Any], run: Any) -> Callable[..., Any] | None:
+def ktrain_wrap_train_step(step: Callable[..., Any], run: Run) -> Callable[..., Any] | None:
     """Wrap the micro-step ``step(batch, num_items) -> loss``; e.g. to enter a context-parallel region.
 
     ``batch`` holds ``input_ids``, ``labels`` and ``attention_mask`` (and ``position_ids`` for packed
@@ -315,7 +313,7 @@ def ktrain_wrap_train_step(step: Callable[..., Any], run: Any) -> Callable[..., 
 
 
 @hookspec(firstresult=True)
-def ktrain_build_objective(run: Any, engine: Engine) -> Objective:
+def ktrain_build_objective(run: Run, engine: Engine) -> Objective:
     """Return the training objective: what a row counts for, how rows are collated, and the loss.
 
     Called on every rank once, after ``ktrain_shard`` (``engine.module`` is what the loss calls;
@@ -330,12 +328,12 @@ def ktrain_build_objective(run: Any, engine: Engine) -> Objective:
 
 
 @hookspec
-def ktrain_collect_metrics(run: Any, step: int) -> dict[str, float] | None:
+def ktrain_collect_metrics(run: Run, step: int) -> dict[str, float] | None:
     """Return extra metrics for the logged step ``step`` (rank 0 logs them). Names must not clash."""
 
 
 @hookspec
-def ktrain_collect_checkpoint_state(run: Any) -> dict[str, Any] | None:
+def ktrain_collect_checkpoint_state(run: Run) -> dict[str, Any] | None:
     """Return objects with ``state_dict()``/``load_state_dict()`` to save with every checkpoint.
 
     Called on every rank when saving (after ``ktrain_save_checkpoint``) and when resuming (after
@@ -354,7 +352,7 @@ def ktrain_collect_checkpoint_state(run: Any) -> dict[str, Any] | None:
 
 
 @hookspec(firstresult=True)
-def ktrain_save_checkpoint(engine: Engine, run: Any, path: Path) -> dict[str, Any] | None:
+def ktrain_save_checkpoint(engine: Engine, run: Run, path: Path) -> dict[str, Any] | None:
     """Write the model and optimizer state of ``engine`` into the staging folder ``path``.
 
     Called on every rank, collectively. ``path`` exists and is shared by all ranks; the kernel
@@ -364,7 +362,7 @@ def ktrain_save_checkpoint(engine: Engine, run: Any, path: Path) -> dict[str, An
 
 
 @hookspec(firstresult=True)
-def ktrain_load_checkpoint(engine: Engine, run: Any, path: Path, manifest: dict[str, Any]) -> bool | None:
+def ktrain_load_checkpoint(engine: Engine, run: Run, path: Path, manifest: dict[str, Any]) -> bool | None:
     """Restore the model and optimizer state of ``engine`` from the committed checkpoint ``path``.
 
     Called on every rank. ``manifest`` is what the save returned plus the kernel's facts; refuse a
@@ -373,7 +371,7 @@ def ktrain_load_checkpoint(engine: Engine, run: Any, path: Path, manifest: dict[
 
 
 @hookspec(firstresult=True)
-def ktrain_export_model(engine: Engine, run: Any, path: Path) -> bool | None:
+def ktrain_export_model(engine: Engine, run: Run, path: Path) -> bool | None:
     """Write the trained model to ``path`` as HF safetensors that ``transformers`` loads.
 
     Called on every rank, collectively, at the end of training; only rank 0 writes. Return True.
@@ -387,12 +385,12 @@ def ktrain_export_model(engine: Engine, run: Any, path: Path) -> bool | None:
 
 
 @hookspec
-def ktrain_on_train_start(run: Any, engine: Engine) -> None:
+def ktrain_on_train_start(run: Run, engine: Engine) -> None:
     """Called on every rank after resume, before the first step."""
 
 
 @hookspec
-def ktrain_on_step_end(run: Any, step: int, metrics: dict[str, float]) -> None:
+def ktrain_on_step_end(run: Run, step: int, metrics: dict[str, float]) -> None:
     """Called on every rank after each optimizer step.
 
     ``metrics`` holds ``lr`` of the step; on logged steps (``logging_steps``) also its ``grad_norm``, the
@@ -402,20 +400,20 @@ def ktrain_on_step_end(run: Any, step: int, metrics: dict[str, float]) -> None:
 
 
 @hookspec
-def ktrain_on_eval_end(run: Any, step: int, metrics: dict[str, float]) -> None:
+def ktrain_on_eval_end(run: Run, step: int, metrics: dict[str, float]) -> None:
     """Called on every rank after each evaluation, with ``eval_loss`` and the like."""
 
 
 @hookspec
-def ktrain_on_checkpoint_saved(run: Any, step: int, path: Path) -> None:
+def ktrain_on_checkpoint_saved(run: Run, step: int, path: Path) -> None:
     """Called on every rank after the checkpoint of ``step`` was committed at ``path``."""
 
 
 @hookspec
-def ktrain_on_exception(run: Any, error: BaseException) -> None:
+def ktrain_on_exception(run: Run, error: BaseException) -> None:
     """Called on the rank where training raised, before the error propagates."""
 
 
 @hookspec
-def ktrain_on_train_end(run: Any, engine: Engine, metrics: dict[str, float]) -> None:
+def ktrain_on_train_end(run: Run, engine: Engine, metrics: dict[str, float]) -> None:
     """Called on every rank after the last step and the export, with the final metrics."""

@@ -30,7 +30,7 @@ from ktrain.config.install import install_command
 from ktrain.config.keys import PLUGIN_KEYS
 from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError, Report
-from ktrain.plugins import discover
+from ktrain.config.activation import discover
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "axolotl"
 

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from ktrain.config.report import ConfigError
-from ktrain.plugins import discover
+from ktrain.config.activation import discover
 from ktrain.run.checkpoints import read_checkpoint_state
 from ktrain.run.manifest import MANIFEST, file_table
 

@@ -25,7 +25,8 @@ from ktrain import hookimpl, hookspecs
 from ktrain.cli import EXIT_BAD_INPUT, main
 from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError
-from ktrain.plugins import DEFAULT_OWNERS, OWNED_HOOKS, PluginError, discover
+from ktrain.config.activation import discover
+from ktrain.plugins import DEFAULT_OWNERS, OWNED_HOOKS, PluginError
 
 BUILTIN = Path(ktrain.__file__).parent / "builtin"
 

@@ -38,7 +38,7 @@ def describe_environment() -> str:
     import torch
     import torch.distributed as dist
 
-    from ktrain.plugins import discover
+    from ktrain.config.activation import discover
 
     lines = [f"python {sys.version.split()[0]} on {platform.platform()}", "", "packages:"]
     lines += [f"  {name}: {_version(name)}" for name in PACKAGES]

@@ -10,8 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-import attrs
-
+from ktrain.config.activation import activate, discover
 from ktrain.config.axolotl import missing_optimizer
 from ktrain.config.install import install_command
 from ktrain.config.launch import Launch
@@ -19,22 +18,10 @@ from ktrain.config.load import Section, read_config
 from ktrain.config.mesh import KERNEL_DIMS, MeshPlan, check_sizes, plan_mesh
 from ktrain.config.model import Config
 from ktrain.config.paths import check_paths
-from ktrain.config.report import ConfigError, Problem, Report
-from ktrain.plugins import PluginError, Plugins, activate, discover
-from ktrain.registry import Registry, collect
-
-
-@attrs.define
-class Plan:
-    """Everything decided before a rank starts."""
-
-    config: Config
-    plugins: Plugins
-    mesh: MeshPlan
-    optimizers: Registry
-    schedulers: Registry
-    formats: Registry
-    warnings: list[Problem]
+from ktrain.config.report import ConfigError, Report
+from ktrain.config.run_plan import Plan
+from ktrain.plugins import PluginError, Plugins
+from ktrain.registry import collect
 
 
 def load_plugins_and_config(

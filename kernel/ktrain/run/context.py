@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from ktrain.config.mesh import MeshPlan
 from ktrain.config.model import Config
-from ktrain.config.plan import Plan
+from ktrain.config.run_plan import Plan
 from ktrain.run.distributed import submesh
 
 GRADIENT_DIMS = ("dp_replicate", "dp_shard", "cp")

@@ -229,7 +229,7 @@ def test_deepspeed_with_fsdp_names_both_plugins(config, capsys, monkeypatch) -> 
     """Both claim ``sharding``: the kernel stops the run naming both plugins and the keys that enabled them."""
     if importlib.util.find_spec("ktrain_fsdp") is None:  # stand in for ktrain-plugin-fsdp's claim, as it makes it
         import ktrain.config.plan
-        from ktrain.plugins import discover
+        from ktrain.config.activation import discover
 
         keys = attrs.make_class("FsdpKeys", {"fsdp_version": attrs.field(default=None, metadata={"help": "FSDP"})})
         fsdp = types.ModuleType("fsdp")
