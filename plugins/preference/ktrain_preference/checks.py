@@ -25,8 +25,10 @@ def validate(config: Any, report: Any) -> None:
         report.error("rl_beta", "must be above 0")
     if not 0 <= config.dpo_label_smoothing < 0.5:
         report.error("dpo_label_smoothing", "must be at least 0 and below 0.5")
-    if config.dpo_label_smoothing and method != "dpo":
-        report.error("dpo_label_smoothing", "applies to rl: dpo only; leave it out")
+    if config.dpo_label_smoothing and method not in ("dpo", "simpo"):
+        report.error("dpo_label_smoothing", "applies to rl: dpo and rl: simpo only; leave it out")
+    if config.orpo_alpha is not None and method != "orpo":
+        report.error("orpo_alpha", "applies to rl: orpo only; leave it out")
     if config.sample_packing:
         report.error("sample_packing", "preference pairs are not packed; set sample_packing: false")
     for i, entry in enumerate(config.datasets or []):

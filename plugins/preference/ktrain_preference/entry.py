@@ -35,5 +35,6 @@ def ktrain_activate(config: Any, activate) -> None:
     """Preference tuning takes part when ``rl`` is written; it owns the run's objective."""
     if config.rl is None:
         return
-    keys = tuple(name for name in ("rl", "rl_beta", "dpo_label_smoothing") if config.is_set(name))
+    names = ("rl", "rl_beta", "dpo_label_smoothing", "orpo_alpha", "simpo_gamma", "cpo_alpha")
+    keys = tuple(name for name in names if config.is_set(name))
     activate("ktrain_preference.runtime:Preference", roles=("objective",), keys=keys)

@@ -6,8 +6,10 @@ import attrs
 
 from ktrain.config.keys import key
 
-# rl -> what the loss is (the name of the same loss in TRL's DPOTrainer, loss_type).
-METHODS = {"dpo": "sigmoid", "ipo": "ipo"}
+# rl -> the loss: as TRL's DPOTrainer's loss_type (dpo, ipo; against a reference), ORPOTrainer (orpo), CPOTrainer's
+# loss_type simpo (simpo); the last two need no reference model.
+METHODS = {"dpo": "sigmoid", "ipo": "ipo", "orpo": "orpo", "simpo": "simpo"}
+REFERENCE_FREE = ("orpo", "simpo")
 # Methods of Axolotl's rl that sample answers from the policy while training.
 GENERATION_METHODS = ("grpo", "gdpo", "ebft", "online_dpo", "rloo", "ppo")
 DEFAULT_BETA = 0.1
@@ -19,11 +21,14 @@ class PreferenceKeys:
     """Preference tuning: the method, its strength, and its reference model."""
 
     rl: str | None = key(
-        None, "preference tuning method: dpo or ipo (pairs of chosen and rejected answers to one prompt)"
+        None, "preference tuning method: dpo, ipo, orpo or simpo (pairs of chosen and rejected answers to one prompt)"
     )
     rl_beta: float | None = key(
         None, f"beta: how far the policy may move from the reference (default {DEFAULT_BETA}; IPO: its tau)"
     )
     dpo_label_smoothing: float = key(
-        0.0, "DPO: the share of pairs assumed mislabelled (conservative DPO); 0 is plain DPO"
+        0.0, "DPO, SimPO: the share of pairs assumed mislabelled (conservative DPO); 0 is plain DPO"
     )
+    orpo_alpha: float | None = key(None, "ORPO: weight of the odds-ratio term beside the chosen NLL (default 0.1)")
+    simpo_gamma: float = key(0.5, "SimPO: the target reward margin")
+    cpo_alpha: float = key(1.0, "SimPO: weight of the chosen answers' NLL beside the preference loss (0: none)")

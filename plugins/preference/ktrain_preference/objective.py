@@ -1,9 +1,11 @@
-"""The preference objective: pairs collated chosen-then-rejected into one forward, and the DPO/IPO loss.
+"""The preference objective: pairs collated chosen-then-rejected into one forward, and their loss.
 
-Each pair's loss is TRL's DPOTrainer's for the same ``loss_type`` (``sigmoid`` for DPO, with conservative
-DPO's label smoothing; ``ipo``), computed from the summed log-probabilities of each answer's tokens
-under the policy and under the reference. A pair is one item: the loss of a step is the mean over the
-pairs of the global batch. The rewards and log-probabilities TRL logs are summed here over the pairs
+DPO and IPO are TRL's DPOTrainer's ``sigmoid`` (with conservative DPO's label smoothing) and ``ipo``
+losses, from the summed log-probabilities of each answer's tokens under the policy and the reference;
+ORPO is TRL's ORPOTrainer's and SimPO its CPOTrainer's ``simpo``, from the mean log-probabilities, with
+the chosen sequences' NLL. A pair is one item: the loss of a step is the mean over the pairs of the
+global batch (the NLL term of ORPO and SimPO is a token mean within each micro-batch, as in TRL, weighted
+by its pairs). The rewards and log-probabilities TRL logs are summed here over the pairs
 trained since the last logged step, and read (summed over the ranks) by ``metrics``.
 """
 
@@ -17,7 +19,7 @@ import torch.nn.functional as F
 
 from ktrain.data.formats import IGNORE
 from ktrain.run import distributed
-from ktrain_preference.keys import METHODS
+from ktrain_preference.keys import DEFAULT_BETA, METHODS
 from ktrain_preference.pairs import split
 
 METRICS = (
@@ -30,6 +32,11 @@ METRICS = (
 )
 
 
+def _log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """``log(1 - exp(x))`` for ``x < 0``, split at ``-log 2`` where each form loses no precision."""
+    return torch.where(x < -0.6931471805599453, torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
+
+
 def answer_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed log-probability of each row's labelled tokens, their count), the model's shift by one applied."""
     targets = labels[:, 1:]
@@ -40,15 +47,17 @@ def answer_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tens
 
 
 class PairObjective:
-    """Owner of the run's objective under ``rl: dpo`` or ``rl: ipo``.
+    """Owner of the run's objective under ``rl: dpo``, ``ipo``, ``orpo`` or ``simpo``.
 
-    ``reference(batch)`` returns the reference model's logits for a batch (the base with the adapter
-    switched off, or a frozen copy of the model as loaded).
+    ``reference(inputs)`` returns the reference model's logits (the base with the adapter switched off, or
+    a frozen copy of the model as loaded); None for ORPO and SimPO, which need none.
     """
 
-    def __init__(self, config: Any, reference: Callable[[dict[str, torch.Tensor]], torch.Tensor], device: Any):
+    def __init__(self, config: Any, reference: Callable[[dict[str, Any]], torch.Tensor] | None, device: Any):
         self.loss_type = METHODS[config.rl]
-        self.beta = config.rl_beta if config.rl_beta is not None else 0.1
+        self.beta = config.rl_beta if config.rl_beta is not None else DEFAULT_BETA
+        self.alpha = config.orpo_alpha if config.orpo_alpha is not None else DEFAULT_BETA
+        self.gamma, self.cpo_alpha = config.simpo_gamma, config.cpo_alpha
         self.smoothing = config.dpo_label_smoothing
         self.reference = reference
         self.device = device
@@ -82,28 +91,61 @@ class PairObjective:
         return batch
 
     def loss(self, model: Any, batch: dict[str, Any], num_items: float) -> torch.Tensor:
-        """The pairs' summed loss over ``num_items``; one forward of the policy, one of the reference."""
+        """The pairs' summed loss over ``num_items``, from one forward of the policy (and one of the reference)."""
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "use_cache": False}
-        logps, counts = answer_logps(model(**inputs).logits, batch["labels"])
-        with torch.no_grad():
-            ref_logps, _ = answer_logps(self.reference(inputs), batch["labels"])
+        logits = model(**inputs).logits
+        logps, counts = answer_logps(logits, batch["labels"])
+        if self.loss_type in ("orpo", "simpo"):
+            total, shown = self._reference_free(logits, batch, logps / counts.clamp(min=1))
+        else:
+            with torch.no_grad():
+                ref_logps, _ = answer_logps(self.reference(inputs), batch["labels"])
+            total, shown = self._against_reference(logps, ref_logps, counts)
+        if torch.is_grad_enabled():  # training, not evaluation: the metrics of the logged window
+            self._record(*(value.detach() for value in shown))
+        return total / num_items
+
+    def _against_reference(self, logps: Any, ref_logps: Any, counts: Any) -> tuple[torch.Tensor, tuple]:
+        """DPO (sigmoid, with conservative DPO's smoothing) or IPO; rewards are beta times the log-ratios."""
         chosen, rejected = logps.chunk(2)
-        chosen_ratio, rejected_ratio = chosen - ref_logps.chunk(2)[0], rejected - ref_logps.chunk(2)[1]
+        ref_chosen, ref_rejected = ref_logps.chunk(2)
+        chosen_ratio, rejected_ratio = chosen - ref_chosen, rejected - ref_rejected
         if self.loss_type == "ipo":  # TRL's IPO: log-ratios averaged over each answer's tokens
             chosen_count, rejected_count = counts.chunk(2)
             delta = chosen_ratio / chosen_count.clamp(min=1) - rejected_ratio / rejected_count.clamp(min=1)
             losses = (delta - 1 / (2 * self.beta)) ** 2
         else:
-            delta = chosen_ratio - rejected_ratio
-            losses = -F.logsigmoid(self.beta * delta) * (1 - self.smoothing)
-            if self.smoothing:
-                losses = losses - F.logsigmoid(-self.beta * delta) * self.smoothing
-        if torch.is_grad_enabled():  # training, not evaluation: the metrics of the logged window
-            self._record(chosen.detach(), rejected.detach(), chosen_ratio.detach(), rejected_ratio.detach())
-        return losses.sum() / num_items
+            losses = self._sigmoid(chosen_ratio - rejected_ratio)
+        return losses.sum(), (self.beta * chosen_ratio, self.beta * rejected_ratio, chosen, rejected)
 
-    def _record(self, chosen: Any, rejected: Any, chosen_ratio: Any, rejected_ratio: Any) -> None:
-        good, bad = self.beta * chosen_ratio, self.beta * rejected_ratio
+    def _reference_free(self, logits: Any, batch: dict[str, Any], mean_logps: Any) -> tuple[torch.Tensor, tuple]:
+        """ORPO (TRL's ORPOTrainer) or SimPO (TRL's CPOTrainer): from the answers' mean log-probabilities, plus
+        the NLL of the chosen sequences as a token mean over the micro-batch, counted once a pair."""
+        chosen, rejected = mean_logps.chunk(2)
+        pairs = len(chosen)
+        if self.loss_type == "orpo":  # the NLL of the whole chosen sequence, prompt included
+            mask = batch["attention_mask"][:pairs, 1:]
+            targets = batch["input_ids"][:pairs, 1:].masked_fill(mask == 0, IGNORE)
+            log_odds = (chosen - rejected) - (_log1mexp(chosen) - _log1mexp(rejected))
+            losses, weight, scale = -self.alpha * F.logsigmoid(log_odds), 1.0, self.alpha
+        else:  # SimPO: the target margin gamma, and cpo_alpha times the NLL of the chosen answers
+            targets = batch["labels"][:pairs, 1:]
+            losses = self._sigmoid(chosen - rejected - self.gamma / self.beta)
+            weight, scale = self.cpo_alpha, self.beta
+        total = losses.sum()
+        if weight:
+            nll = F.cross_entropy(logits[:pairs, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE)
+            total = total + weight * nll * pairs
+        return total, (scale * chosen, scale * rejected, chosen, rejected)
+
+    def _sigmoid(self, delta: torch.Tensor) -> torch.Tensor:
+        """``-log sigmoid(beta delta)``, with the share ``dpo_label_smoothing`` of the pairs taken as flipped."""
+        losses = -F.logsigmoid(self.beta * delta) * (1 - self.smoothing)
+        if self.smoothing:
+            losses = losses - F.logsigmoid(-self.beta * delta) * self.smoothing
+        return losses
+
+    def _record(self, good: Any, bad: Any, chosen: Any, rejected: Any) -> None:
         values = [good, bad, good - bad, (good > bad).float(), chosen, rejected]
         pairs = torch.tensor([float(len(chosen))], dtype=torch.float64, device=chosen.device)
         self.sums += torch.cat([torch.stack([v.sum().double() for v in values]), pairs])

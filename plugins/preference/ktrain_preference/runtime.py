@@ -3,6 +3,7 @@
 Registered by the entry module only when ``rl`` is written; it owns the role ``objective``. The
 reference is the base with the adapter switched off when the model is a peft adapter (no copy), else a
 frozen copy of the model as loaded, taken before any training step (so a resumed run has the same one).
+ORPO and SimPO need none.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import copy
 from typing import Any
 
 from ktrain import hookimpl
+from ktrain_preference.keys import REFERENCE_FREE
 
 
 class Preference:
-    """Owner of ``objective`` in preference runs (``rl: dpo``, ``rl: ipo``)."""
+    """Owner of ``objective`` in preference runs (``rl: dpo``, ``ipo``, ``orpo``, ``simpo``)."""
 
     def __init__(self, config: Any):
         self.config = config
@@ -23,15 +25,19 @@ class Preference:
 
     @hookimpl(trylast=True)
     def ktrain_wrap_model(self, model: Any, run: Any) -> None:
-        """Keep a frozen copy of the loaded model as the reference, unless an adapter can be switched off."""
-        if not hasattr(model, "disable_adapter"):
+        """Keep a frozen copy of the loaded model as the reference, unless an adapter can be switched off (or the
+        method needs no reference)."""
+        if self.config.rl not in REFERENCE_FREE and not hasattr(model, "disable_adapter"):
             self.copy = copy.deepcopy(model)
 
     @hookimpl
     def ktrain_build_objective(self, run: Any, engine: Any) -> Any:
         from ktrain_preference.objective import PairObjective, adapter_off, frozen
 
-        reference = adapter_off(run.model) if self.copy is None else frozen(self.copy.to(run.device))
+        if self.config.rl in REFERENCE_FREE:
+            reference = None
+        else:
+            reference = adapter_off(run.model) if self.copy is None else frozen(self.copy.to(run.device))
         self.objective = PairObjective(self.config, reference, run.device)
         return self.objective
 

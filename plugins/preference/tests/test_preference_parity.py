@@ -1,5 +1,7 @@
-"""ktrain's DPO and IPO against TRL's DPOTrainer: the same tiny model (seeded weights on disk), the same pairs,
-the same reference (the model as loaded), the same optimizer and schedule.
+"""ktrain's DPO and IPO against TRL's DPOTrainer, ORPO against its ORPOTrainer, SimPO against its CPOTrainer: the
+same tiny model (seeded weights on disk), the same pairs, the same reference (the model as loaded), the same
+optimizer and schedule. DPO and IPO read pairs of chat turns, ORPO and SimPO pairs of text (TRL's trainers of those
+take text only).
 
 Every step's global batch is the whole dataset, so both trainers see the same pairs at every step whatever
 their order. Step 1 (before any update) must agree to 1e-5, the first 10 losses to 1e-3.
@@ -21,19 +23,23 @@ STEPS = 10
 LR = 1e-3
 
 
-def pair_rows(count: int, seed: int = 0) -> list[dict[str, Any]]:
-    """``count`` rows in TRL's conversational form: ``prompt``, ``chosen`` and ``rejected`` lists of turns."""
+def pair_rows(count: int, chat: bool, seed: int = 0) -> list[dict[str, Any]]:
+    """``count`` rows in TRL's forms: ``prompt``, ``chosen`` and ``rejected`` lists of turns (``chat``), or text."""
     rng = random.Random(seed)
     rows = []
     for _ in range(count):
         a, b = rng.randint(10, 99), rng.randint(10, 99)
-        rows.append(
-            {
-                "prompt": [{"role": "user", "content": f"What is {a}+{b}?"}],
-                "chosen": [{"role": "assistant", "content": str(a + b)}],
-                "rejected": [{"role": "assistant", "content": str(a + b + rng.randint(1, 9))}],
-            }
-        )
+        prompt, chosen, rejected = f"What is {a}+{b}?", str(a + b), str(a + b + rng.randint(1, 9))
+        if chat:
+            rows.append(
+                {
+                    "prompt": [{"role": "user", "content": prompt}],
+                    "chosen": [{"role": "assistant", "content": chosen}],
+                    "rejected": [{"role": "assistant", "content": rejected}],
+                }
+            )
+        else:
+            rows.append({"prompt": f"{prompt} ", "chosen": chosen, "rejected": rejected})
     return rows
 
 
@@ -45,16 +51,24 @@ def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
 STEP_ONE = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected")
 
 
-def trl_history(root: Path, rows: list[dict[str, Any]], loss_type: str, beta: float) -> list[dict[str, float]]:
-    """TRL's logged records (one a step) of a DPOTrainer run on the model in ``root/model``."""
+def trl_history(root: Path, rows: list[dict[str, Any]], method: str, beta: float) -> list[dict[str, float]]:
+    """TRL's logged records (one a step) of the trainer of ``method`` on the model in ``root/model``."""
     import datasets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
+    from trl.experimental.cpo import CPOConfig, CPOTrainer
+    from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
     torch.manual_seed(0)
-    args = DPOConfig(
-        output_dir=str(root / f"trl-{loss_type}"),
+    config, trainer_class, own = {
+        "dpo": (DPOConfig, DPOTrainer, {"loss_type": ["sigmoid"]}),
+        "ipo": (DPOConfig, DPOTrainer, {"loss_type": ["ipo"]}),
+        "orpo": (ORPOConfig, ORPOTrainer, {}),
+        "simpo": (CPOConfig, CPOTrainer, {"loss_type": "simpo", "simpo_gamma": 0.5, "cpo_alpha": 1.0}),
+    }[method]
+    args = config(
+        output_dir=str(root / f"trl-{method}"),
         per_device_train_batch_size=PAIRS,
         max_steps=STEPS,
         learning_rate=LR,
@@ -69,13 +83,13 @@ def trl_history(root: Path, rows: list[dict[str, Any]], loss_type: str, beta: fl
         use_cpu=True,
         bf16=False,
         beta=beta,
-        loss_type=[loss_type],
         max_length=64,
         seed=7,
         dataloader_drop_last=True,
+        **own,
     )
     model = AutoModelForCausalLM.from_pretrained(root / "model", dtype=torch.float32)
-    trainer = DPOTrainer(
+    trainer = trainer_class(
         model=model,
         args=args,
         train_dataset=datasets.Dataset.from_list(rows),
@@ -85,19 +99,19 @@ def trl_history(root: Path, rows: list[dict[str, Any]], loss_type: str, beta: fl
     return [record for record in trainer.state.log_history if "rewards/chosen" in record]
 
 
-@pytest.fixture(scope="module", params=[("dpo", "sigmoid", 0.1), ("ipo", "ipo", 0.5)], ids=["dpo", "ipo"])
+@pytest.fixture(scope="module", params=[("dpo", 0.1), ("ipo", 0.5), ("orpo", 0.2), ("simpo", 2.0)], ids=lambda p: p[0])
 def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     """(ktrain's run directory, TRL's records) for one method."""
-    method, loss_type, beta = request.param
+    method, beta = request.param
     root = tmp_path_factory.mktemp(f"parity-{method}")
     model_dir(root, weights=True)
-    rows = pair_rows(PAIRS)
+    rows = pair_rows(PAIRS, chat=method in ("dpo", "ipo"))
     write_rows(root / "pairs.jsonl", rows)
     config = write_config(
         root,
         random_init_weights=False,
         rl=method,
-        rl_beta=beta,
+        **({"orpo_alpha": beta} if method == "orpo" else {"rl_beta": beta}),
         datasets=[{"path": str(root / "pairs.jsonl"), "type": "chat_template.default"}],
         micro_batch_size=PAIRS,
         max_steps=STEPS,
@@ -109,7 +123,7 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     )
     done = ktrain("run", str(config))
     assert done.returncode == 0, done.stderr[-3000:]
-    return root / "out", trl_history(root, rows, loss_type, beta)
+    return root / "out", trl_history(root, rows, method, beta)
 
 
 def test_step_one_matches_trl(runs: tuple[Path, list[dict]]) -> None:
