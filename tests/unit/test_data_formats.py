@@ -161,6 +161,32 @@ def test_named_templates_train_the_assistant_replies(name: str, tmp_path: Path, 
     assert trained.lstrip().startswith("Hello") and "Ciao" in trained and "Bye" not in trained and "Hi" not in trained
 
 
+def test_a_template_that_drops_an_earlier_thinking_block_is_masked_by_content(
+    tmp_path: Path, model: Path, tok: Any
+) -> None:
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Bye"},
+        {"role": "assistant", "content": "Ciao"},
+    ]
+    got_ids, got_labels = only(
+        build(tmp_path, model, tok, [{"messages": messages}], type="chat_template", chat_template="qwen3")
+    )
+    assert tok.decode(got_ids) == (
+        USER
+        + "Hi<|im_end|>\n"
+        + ASSISTANT
+        + "Hello<|im_end|>\n"
+        + USER
+        + "Bye<|im_end|>\n"
+        + ASSISTANT
+        + "<think>\n\n</think>\n\nCiao<|im_end|>\n"
+    )  # the first reply has no thinking block once a later turn follows: it is found by its content
+    spans = "".join(tok.decode([t]) if label != IGNORE else "\0" for t, label in zip(got_ids, got_labels, strict=True))
+    assert [s for s in spans.split("\0") if s] == ["Hello<|im_end|>", "</think>\n\nCiao<|im_end|>"]
+
+
 def test_eot_tokens_end_the_turns_and_drop_system_message(tmp_path: Path, model: Path, tok: Any) -> None:
     turns = [
         {"role": "system", "content": "Be brief."},

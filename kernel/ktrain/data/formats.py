@@ -83,7 +83,9 @@ def chat_template(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | 
     which turn. Turns of ``roles_to_train`` (default: assistant) carry labels: for an assistant turn,
     what follows the generation prompt; for other roles, the turn's content onwards. ``train_on_eos``
     (default ``turn``) decides the end-of-turn token: ``turn`` trains it and nothing after it in the turn,
-    ``none`` neither, ``last`` only in the last trained turn, ``all`` in every turn. The end-of-turn tokens
+    ``none`` neither, ``last`` only in the last trained turn, ``all`` in every turn. A template that renders
+    a turn differently once later turns follow (one dropping an earlier reply's thinking block) has that
+    turn found by its content: the content and the end-of-turn token right after it. The end-of-turn tokens
     are those of ``eot_tokens`` (default: the tokenizer's EOS). ``drop_system_message`` leaves out a first
     system turn.
     """
@@ -108,17 +110,18 @@ def chat_template(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | 
     labels = [IGNORE] * len(ids)
     starts = [a for a, _ in offsets]  # non-decreasing: a turn's tokens are found by bisection
     turns = [i for i, m in enumerate(messages) if m["role"] in trained_roles]
+    places: list[tuple[int, int] | None] | None = None  # the turns' contents in the text, found when needed
     for i in turns:
-        upto = _render(tokenizer, messages[: i + 1], False, template)
-        end = len(upto)
-        if not text.startswith(upto):
-            raise ValueError(f"chat template {name!r} renders turn {i} differently once later turns follow")
-        if messages[i]["role"] == "assistant":
-            start = len(_render(tokenizer, messages[:i], True, template))
-        else:
-            turn_start = len(_render(tokenizer, messages[:i], False, template)) if i else 0
-            found = text.find(messages[i]["content"].strip(), turn_start, end)
-            start = found if found >= 0 else turn_start
+        bounds = _rendered_bounds(tokenizer, messages, i, text, template)
+        if bounds is None:  # the template renders this turn differently once later turns follow
+            places = places if places is not None else _content_places(messages, text)
+            bounds = _found_bounds(places[i], text, ids, offsets, starts, ends)
+            if bounds is None:
+                raise ValueError(
+                    f"chat template {name!r} renders turn {i} differently once later turns follow, "
+                    "and the turn's content is not in the whole conversation's text"
+                )
+        start, end = bounds
         lo, hi = bisect.bisect_left(starts, start), bisect.bisect_left(starts, end)
         span = [t for t in range(lo, hi) if offsets[t][1] > offsets[t][0]]
         if not span:
@@ -134,6 +137,50 @@ def chat_template(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | 
     if eos_mode == "all":
         labels = [t if t in ends else label for t, label in zip(ids, labels, strict=True)]
     return {"input_ids": ids, "labels": labels}
+
+
+def _rendered_bounds(tokenizer: Any, messages: list[dict], i: int, text: str, template: str) -> tuple[int, int] | None:
+    """Where turn ``i`` is trained in ``text``, by rendering the turns up to it: for an assistant turn, from
+    the end of the generation prompt to the end of the turn; for another role, from its content on. None
+    when those renderings are not prefixes of ``text`` (and the generation prompt of the turn's rendering)."""
+    upto = _render(tokenizer, messages[: i + 1], False, template)
+    if not text.startswith(upto):
+        return None
+    if messages[i]["role"] == "assistant":
+        prompt = _render(tokenizer, messages[:i], True, template)
+        return (len(prompt), len(upto)) if upto.startswith(prompt) else None
+    turn_start = len(_render(tokenizer, messages[:i], False, template)) if i else 0
+    found = text.find(messages[i]["content"].strip(), turn_start, len(upto))
+    return (found if found >= 0 else turn_start), len(upto)
+
+
+def _content_places(messages: list[dict], text: str) -> list[tuple[int, int] | None]:
+    """Each turn's content located in ``text``, in order (each search starts where the previous turn's
+    content ended); None for a turn whose content is empty or not found."""
+    places: list[tuple[int, int] | None] = []
+    cursor = 0
+    for message in messages:
+        content = message["content"].strip()
+        found = text.find(content, cursor) if content else -1
+        places.append((found, found + len(content)) if found >= 0 else None)
+        cursor = found + len(content) if found >= 0 else cursor
+    return places
+
+
+def _found_bounds(
+    place: tuple[int, int] | None, text: str, ids: list[int], offsets: Any, starts: list[int], ends: set[int]
+) -> tuple[int, int] | None:
+    """A turn's trained characters from its content's place: the content, and the end-of-turn token that
+    follows it (after whitespace only), if one does."""
+    if place is None:
+        return None
+    start, stop = place
+    t = bisect.bisect_left(starts, stop)
+    while t < len(ids) and ids[t] not in ends and not text[offsets[t][0] : offsets[t][1]].strip():
+        t += 1
+    if t < len(ids) and ids[t] in ends and not text[stop : offsets[t][0]].strip():
+        return start, offsets[t][1]
+    return start, stop
 
 
 def sharegpt(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | None:

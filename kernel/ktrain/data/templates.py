@@ -3,8 +3,10 @@
 ``tokenizer_default`` is the tokenizer's own template; ``jinja`` takes ``chat_template_jinja``. The
 named ones are the usual formats of each model family, written so that rendering the first turns of a
 conversation gives a prefix of rendering all of it: the masking of ``formats.chat_template`` relies on it.
-The templates in ``chat_templates/`` are Axolotl's of the same name (Axolotl 0.18.0, Apache-2.0), those
-of them that keep that property (tests/unit/test_chat_templates.py renders each).
+The templates in ``chat_templates/`` are Axolotl's of the same name (Axolotl 0.18.0, Apache-2.0); some
+render an earlier reply differently once later turns follow (Qwen3's drops its thinking block), and the
+masking finds such a turn by its content. Left out: Command A's, which end every conversation with a
+generation prompt. tests/unit/test_data_formats.py trains the assistant replies through each.
 Imports nothing heavy: the kernel's entry module checks names against this table.
 """
 
