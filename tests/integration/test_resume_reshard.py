@@ -3,15 +3,16 @@ ranks (gloo), for each sharding: DDP 4 -> 2, FSDP2 2 -> 4 (DCP reshards), ZeRO-3
 partitions out of the saved ones).
 
 Every run trains the tiny Llama (saved seeded weights, so ZeRO-3 starts from the same ones) for 4 steps of one
-global batch of 8 rows (micro-batches of 2), with warm-up and a cosine schedule. The first part runs on N ranks
-with the accumulation that makes 8 rows there and stops at step 3's forward (``KTRAIN_FAULT``), after the
-checkpoint of step 2; the same config is resumed on M ranks, where the launcher sets the accumulation that keeps
-8 rows. Every step's loss equals the one-process run's (accumulation 4) within the relative 1e-5 of the
-kernel's parity tests (fp32: only the order of the gradient sums differs).
+global batch of 8 rows (micro-batches of 2), with warm-up, a cosine schedule and weight decay. The uninterrupted
+run is DDP on 4 ranks. A run to resume stops after the checkpoint of step 2 (cut back, or stopped at step 3's
+forward by ``KTRAIN_FAULT``); the same config is resumed on the other number of ranks, where the launcher sets
+the accumulation that keeps 8 rows. Every step's loss equals the uninterrupted run's within the relative 1e-5 of
+the kernel's parity tests (fp32: only the order of the gradient sums differs).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -37,16 +38,15 @@ STOP_AFTER_STEP_2 = {"KTRAIN_FAULT": "forward:3:*:exit"}
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, float]]:
-    """The tiny model and data, and the losses of the uninterrupted one-process run (4 micro-batches of 2)."""
+    """The tiny model and data, and the uninterrupted run every resumed one is compared with: DDP on 4 ranks
+    (micro-batches of 2, no accumulation), saving at steps 2 and 4; its folder and losses."""
     root = tmp_path_factory.mktemp("reshard")
     model_dir(root, weights=True)
     dataset(root, 100)
-    config = write_config(
-        root, "one.yaml", output_dir=str(root / "one"), gradient_accumulation_steps=ROWS // MICRO, **KEYS
-    )
-    done = ktrain("run", str(config))
+    config = write_config(root, "ddp.yaml", output_dir=str(root / "ddp"), gradient_accumulation_steps=1, **KEYS)
+    done = ktrain("run", str(config), "--nproc-per-node", "4")
     assert done.returncode == 0, done.stderr[-3000:]
-    return root, records(root / "one")
+    return root, records(root / "ddp")
 
 
 def stop_then_resume(root: Path, name: str, before: int, after: int, **keys: object) -> tuple[Path, str]:
@@ -61,13 +61,18 @@ def stop_then_resume(root: Path, name: str, before: int, after: int, **keys: obj
     assert sorted(p.name for p in (root / name / "checkpoints").glob("step-*")) == ["step-00000002"]
     resumed = ktrain("run", str(config), "--resume", "--nproc-per-node", str(after))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    kept = ROWS // (MICRO * after)
+    assert_resumed(resumed.stdout, before, after)
+    return root / name, resumed.stdout
+
+
+def assert_resumed(out: str, before: int, after: int) -> None:
+    """``out`` says the launcher set the accumulation that keeps 8 rows, and the ranks resumed at step 2."""
+    was, kept = ROWS // (MICRO * before), ROWS // (MICRO * after)
     assert (
         f"resuming step-00000002 on {after} data-parallel ranks instead of {before}: gradient_accumulation_steps "
-        f"{accumulation} -> {kept} keeps its global batch of {ROWS} rows" in resumed.stdout
+        f"{was} -> {kept} keeps its global batch of {ROWS} rows" in out
     )
-    assert "at step 2" in resumed.stdout and f"= {after} ranks" in resumed.stdout
-    return root / name, resumed.stdout
+    assert "at step 2" in out and f"= {after} ranks" in out
 
 
 def assert_parity(reference: dict[int, float], losses: dict[int, float]) -> None:
@@ -77,14 +82,23 @@ def assert_parity(reference: dict[int, float], losses: dict[int, float]) -> None
 
 
 def test_ddp_four_ranks_resume_on_two_and_a_batch_three_cannot_make_is_refused(reference: tuple) -> None:
-    """DDP (the kernel's full-state checkpoint) 4 -> 2; on 3 ranks, whose micro-batches of 2 cannot make 8 rows,
-    the resume is refused before any rank starts (one line, exit 2) and the run directory is left as it was."""
+    """DDP (the kernel's full-state checkpoint): the reference cut back to its step-2 checkpoint resumes on 2
+    ranks; on 3, whose micro-batches of 2 cannot make 8 rows, the resume is refused before any rank starts
+    (one line, exit 2) and the run directory is left as it was."""
     root, losses = reference
-    run, _ = stop_then_resume(root, "ddp", 4, 2)
+    run = root / "ddp-on-two"
+    shutil.copytree(root / "ddp", run)
+    shutil.rmtree(run / "checkpoints" / "step-00000004")
+    shutil.rmtree(run / "final")
+    (run / "metrics.jsonl").write_text("".join((run / "metrics.jsonl").read_text().splitlines(True)[:2]))
+    config = write_config(root, "ddp-on-two.yaml", output_dir=str(run), gradient_accumulation_steps=1, **KEYS)
+    resumed = ktrain("run", str(config), "--resume", "--nproc-per-node", "2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_resumed(resumed.stdout, 4, 2)
     assert_parity(losses, records(run))
 
     files = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    refused = ktrain("run", str(root / "ddp.yaml"), "--resume", "--nproc-per-node", "3")
+    refused = ktrain("run", str(config), "--resume", "--nproc-per-node", "3")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     assert (
         f"--resume: {run / 'checkpoints' / 'step-00000004'} was trained with a global batch of 8 rows a "
