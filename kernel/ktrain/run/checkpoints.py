@@ -15,7 +15,10 @@ before it as they were. ``save_total_limit`` keeps the newest checkpoints, never
 
 A resume verifies the newest committed checkpoint against its manifest (every file's sha256, the files
 shared out over the ranks) before anything is deserialised, and falls back to the one before, with a
-warning naming the damaged file; when none is intact it stops, naming the files.
+warning naming the damaged file; when none is intact it stops, naming the files. On another number of
+ranks the launcher has set the accumulation that keeps the checkpoint's global batch (``ktrain.run.
+resume_check.keep_global_batch``), so the step and the data position hold; the format plugin reshards
+the model and optimizer, and rank R reads ``rank-R.pt`` where one exists.
 """
 
 from __future__ import annotations
@@ -269,7 +272,8 @@ def find_resume_point(run: Run, explicit: str | None, required: bool) -> Path | 
 
 
 def _check_layout(run: Run, path: Path, record: dict[str, Any]) -> None:
-    """Refuse a resume whose global batch differs: its data position (a global sample index) would not hold."""
+    """Refuse a resume whose global batch differs (the launcher kept it; an older checkpoint fallen back to may
+    have another): its data position, a global sample index, would not hold."""
     rows = record.get("rows_per_step")
     if rows is not None and rows != rows_per_step(run):
         raise ConfigError.single(
