@@ -228,6 +228,14 @@ def test_older_chat_field_names_and_a_roles_mapping(tmp_path: Path, model: Path,
     assert only(got) == want
 
 
+def test_dataset_exact_deduplication_drops_repeated_samples(tmp_path: Path, model: Path, tok: Any) -> None:
+    rows = [{"text": "one"}, {"text": "two"}, {"text": "one"}]
+    assert len(build(tmp_path, model, tok, rows, type="completion").train) == 3
+    prepared = build(tmp_path, model, tok, rows, type="completion", keys={"dataset_exact_deduplication": True})
+    assert [tok.decode(sample.input_ids) for sample in prepared.train] == ["one<|im_end|>", "two<|im_end|>"]
+    assert prepared.stats[0].describe().endswith("0 invalid, 1 duplicates")
+
+
 def test_completion_input_output_and_pretokenized(tmp_path: Path, model: Path, tok: Any) -> None:
     text = build(tmp_path, model, tok, [{"body": "some text"}], type="completion", field="body")
     want_ids = [*ids(tok, "some text"), tok.eos_token_id]

@@ -1023,12 +1023,12 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "the batch is micro_batch_size rows times gradient_accumulation_steps times the data-parallel ranks": (
         "auto_find_batch_size",
     ),
-    "datasets are read whole (pretraining_dataset streams) and not sharded or deduplicated": (
+    "datasets are read whole (pretraining_dataset streams) and not sharded; "
+    "dataset_exact_deduplication drops repeated samples": (
         "streaming",
         "dataset_shard_num",
         "dataset_shard_idx",
         "num_dataset_shards_to_save",
-        "dataset_exact_deduplication",
         "datasets[].shards",
         "datasets[].shards_idx",
         "datasets[].preprocess_shards",

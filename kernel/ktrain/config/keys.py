@@ -114,6 +114,9 @@ class DataKeys:
         None, "chat: the tokens that end a turn (default the tokenizer's EOS); train_on_eos chooses which train"
     )
     shuffle_merged_datasets: bool = key(True, "shuffle rows of all datasets together, with the seed")
+    dataset_exact_deduplication: bool = key(
+        False, "drop a sample whose tokens and labels an earlier sample of datasets (or of test_datasets) had"
+    )
     dataset_prepared_path: str | None = key(
         None, "folder of the tokenized-dataset cache (default: prepared/ in output_dir); see `ktrain preprocess`"
     )

@@ -58,7 +58,10 @@ def cache_key(config: Any, tokenizer: Any, formats_registry: Registry) -> str:
         "transformers": transformers.__version__,
         "code": [hashlib.sha256(Path(m.__file__).read_bytes()).hexdigest() for m in CODE],
         "tokenizer": _tokenizer_identity(tokenizer),
-        "keys": {k: getattr(config, k) for k in ("sequence_len", "train_on_inputs", "chat_template")},
+        "keys": {
+            k: getattr(config, k)
+            for k in ("sequence_len", "train_on_inputs", "chat_template", "eot_tokens", "dataset_exact_deduplication")
+        },
         "jinja": config.chat_template_jinja,
     }
     for key in ("datasets", "test_datasets"):

@@ -8,6 +8,7 @@ are counted and the first few kept, so one pass reports all there is to fix.
 from __future__ import annotations
 
 import array
+import hashlib
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -66,8 +67,19 @@ class TokenTable:
 class TableBuilder:
     """Collects samples into the flat arrays of a ``TokenTable`` without a Python list per sample."""
 
-    def __init__(self) -> None:
+    def __init__(self, deduplicate: bool = False) -> None:
         self.ids, self.labels, self.offsets = array.array("i"), array.array("i"), array.array("q", [0])
+        self.seen: set[bytes] | None = set() if deduplicate else None
+
+    def is_new(self, ids: Sequence[int], labels: Sequence[int]) -> bool:
+        """False for a sample whose tokens and labels an earlier sample had, when deduplicating."""
+        if self.seen is None:
+            return True
+        digest = hashlib.sha256(array.array("i", [*ids, -1, *labels]).tobytes()).digest()
+        if digest in self.seen:
+            return False
+        self.seen.add(digest)
+        return True
 
     def add(self, ids: Sequence[int], labels: Sequence[int]) -> None:
         self.ids.extend(ids)
@@ -94,12 +106,14 @@ class DatasetStats:
     empty: int = 0
     untrained: int = 0
     truncated: int = 0
+    duplicates: int = 0
     problems: list[str] = attrs.field(factory=list)
 
     def describe(self) -> str:
         return (
             f"{self.where} ({self.type}): {self.samples} samples, {self.kept} kept; {self.truncated} truncated to "
             f"sequence_len, {self.untrained} without a trained token, {self.empty} empty, {self.invalid} invalid"
+            + (f", {self.duplicates} duplicates" if self.duplicates else "")
         )
 
 
@@ -144,6 +158,9 @@ def tokenize_entry(
         if not any(label != IGNORE for label in labels[1:]):
             stats.untrained += 1
             continue
+        if not builder.is_new(ids, labels):
+            stats.duplicates += 1
+            continue
         builder.add(ids, labels)
         stats.kept += 1
     return stats
@@ -153,7 +170,7 @@ def tokenize_entries(
     entries: list[Any], key: str, tokenizer: Any, formats: Registry, config: Any, strict: bool = True
 ) -> tuple[TokenTable, list[DatasetStats]]:
     """Tokenize ``entries`` (the list under ``key``) into one table; an entry left with no sample is an error."""
-    builder = TableBuilder()
+    builder = TableBuilder(deduplicate=config.dataset_exact_deduplication)
     stats = []
     for i, entry in enumerate(entries):
         one = tokenize_entry(entry, f"{key}[{i}]", tokenizer, formats, config, builder, strict)
