@@ -16,9 +16,9 @@ before it as they were. ``save_total_limit`` keeps the newest checkpoints, never
 A resume verifies the newest committed checkpoint against its manifest (every file's sha256, the files
 shared out over the ranks) before anything is deserialised, and falls back to the one before, with a
 warning naming the damaged file; when none is intact it stops, naming the files. On another number of
-ranks the launcher has set the accumulation that keeps the checkpoint's global batch (``ktrain.run.
-resume_check.keep_global_batch``), so the step and the data position hold; the format plugin reshards
-the model and optimizer, and rank R reads ``rank-R.pt`` where one exists.
+ranks the launcher has set the accumulation that keeps the checkpoint's global batch
+(``ktrain.run.resume_check.keep_global_batch``), so the step and the data position hold; the format
+plugin reshards the model and optimizer, and rank R reads ``rank-R.pt`` where one exists.
 """
 
 from __future__ import annotations
