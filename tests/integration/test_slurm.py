@@ -155,3 +155,22 @@ def test_the_script_trains_and_a_warned_job_requeues_and_resumes(
     assert f"ktrain: SLURM job {job}: 1 node(s), this is node 0" in text
     assert "ktrain: stopped by SIGUSR1" in text and "resumed from" in text, text
     assert sorted(read_metrics(tmp_path / "out")) == list(range(1, 41))
+
+
+def test_a_script_sbatch_refuses_is_one_line_and_exit_code_2(
+    slurm: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    _, env = slurm
+    model_dir(tmp_path)
+    dataset(tmp_path, 8)
+    config = write_config(tmp_path, max_steps=2)
+    refused = ktrain(
+        "slurm", str(config), "--nodes", "1", "--gpus-per-node", "0", "--partition", "nosuch",
+        "--script", str(tmp_path / "train.sbatch"), "--submit", env={"SLURM_CONF": env["SLURM_CONF"]},
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert (
+        refused.stderr.startswith(f"ktrain: sbatch refused {tmp_path / 'train.sbatch'}: ")
+        and "partition" in refused.stderr
+    )
+    assert "Traceback" not in refused.stderr and len(refused.stderr.splitlines()) == 1
