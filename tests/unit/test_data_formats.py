@@ -238,6 +238,9 @@ def test_dataset_exact_deduplication_drops_repeated_samples(tmp_path: Path, mode
 
 def test_completion_input_output_and_pretokenized(tmp_path: Path, model: Path, tok: Any) -> None:
     text = build(tmp_path, model, tok, [{"body": "some text"}], type="completion", field="body")
+    assert only(build(tmp_path, model, tok, [{"body": "some text"}], type="completion", text_column="body")) == only(
+        text
+    )
     want_ids = [*ids(tok, "some text"), tok.eos_token_id]
     assert only(text) == (want_ids, want_ids)
     segments = [{"text": "Q: hi ", "label": False}, {"text": "A: yo", "label": True}, {"text": " end", "label": False}]

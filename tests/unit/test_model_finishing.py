@@ -58,3 +58,10 @@ def test_model_config_changes_the_config_the_model_is_built_with(tmp_path, tiny_
         ConfigError, match=r"model_config.output_router_logit: the model's config \(LlamaConfig\) has no"
     ):
         _ready(tiny_config, model_config={"output_router_logit": True})
+
+
+def test_revision_of_model_is_read_and_has_nothing_to_choose_in_a_local_folder(tiny_config) -> None:
+    plan = prepare(tiny_config(revision_of_model="6299b5a"))
+    assert plan.config.revision_of_model == "6299b5a"
+    notes = {str(p.path): p.message for p in plan.warnings}
+    assert notes["revision_of_model"] == "base_model is a local folder, which has no revisions: not used"

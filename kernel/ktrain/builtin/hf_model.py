@@ -94,13 +94,20 @@ def load_kwargs(config: Any, model_kwargs: dict[str, Any]) -> dict[str, Any]:
     return {"attn_implementation": attention_implementation(config), "dtype": weight_dtype(config), **model_kwargs}
 
 
+def revision(config: Any) -> dict[str, Any]:
+    """``revision=`` for loading the hub-id ``base_model`` at ``revision_of_model``; nothing when unset."""
+    return {"revision": config.revision_of_model} if config.revision_of_model else {}
+
+
 def config_overrides(config: Any) -> dict[str, Any]:
     """``model_config``: settings of the model's config to change before it is built. A name the model's
     config does not have stops the run naming it (a typo would otherwise be stored and never read)."""
     overrides = dict(config.model_config or {})
     if overrides:
         source = config.base_model_config or config.base_model
-        known = transformers.AutoConfig.from_pretrained(source, trust_remote_code=config.trust_remote_code)
+        known = transformers.AutoConfig.from_pretrained(
+            source, trust_remote_code=config.trust_remote_code, **({} if config.base_model_config else revision(config))
+        )
         unknown = [name for name in overrides if name not in known.to_dict()]
         if unknown:
             raise ConfigError.single(
@@ -125,7 +132,10 @@ def build_model(config: Any, run: Any, model_kwargs: dict[str, Any], *, empty: b
     overrides = config_overrides(config)
     if empty or config.random_init_weights:
         model_config = transformers.AutoConfig.from_pretrained(
-            config.base_model_config or config.base_model, trust_remote_code=config.trust_remote_code, **overrides
+            config.base_model_config or config.base_model,
+            trust_remote_code=config.trust_remote_code,
+            **revision(config),
+            **overrides,
         )
         if empty:
             with torch.device("meta"):
@@ -146,6 +156,7 @@ def build_model(config: Any, run: Any, model_kwargs: dict[str, Any], *, empty: b
         return auto.from_pretrained(
             config.base_model,
             trust_remote_code=config.trust_remote_code,
+            **revision(config),
             **overrides,
             **kwargs,
             **placement(kwargs, run),
@@ -186,7 +197,9 @@ class HFModel:
         cfg = self.config
         source = cfg.tokenizer_config or cfg.base_model
         try:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(
+                source, trust_remote_code=cfg.trust_remote_code, **({} if cfg.tokenizer_config else revision(cfg))
+            )
         except OSError as e:
             key = "tokenizer_config" if cfg.tokenizer_config else "base_model"
             raise ConfigError.single(key, f"cannot load a tokenizer from {source}: {e}") from None

@@ -12,6 +12,7 @@ from typing import Any
 from ktrain import hookimpl
 from ktrain.builtin import freezing
 from ktrain.config.keys import KERNEL_SECTIONS
+from ktrain.config.paths import looks_local
 from ktrain.data import templates
 from ktrain.registry import lazy
 
@@ -173,6 +174,8 @@ def _check_data(config: Any, report: Any) -> None:
             report.error(f"unfrozen_parameters[{i}]", str(e))
     if config.unfrozen_parameters and getattr(config, "adapter", None):
         report.error("unfrozen_parameters", "the adapter chooses what trains; leave out adapter or this")
+    if config.revision_of_model and config.base_model and looks_local(config.base_model):
+        report.warn("revision_of_model", "base_model is a local folder, which has no revisions: not used")
     if config.dataset_processes is not None:
         report.warn("dataset_processes", "has no effect: ktrain tokenizes in one process per machine")
 

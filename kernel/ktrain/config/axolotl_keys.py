@@ -1040,8 +1040,9 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "rope_scaling",
         "reinit_weights",
     ),
-    "a Hub revision is not chosen by ktrain; download it (`hf download ID --revision REV --local-dir DIR`) and "
-    "give the folder": ("model_revision", "revision_of_model", "datasets[].revision"),
+    "a dataset's Hub revision is not chosen by ktrain; download it (`hf download ID --revision REV --repo-type "
+    "dataset --local-dir DIR`) and give the folder": ("datasets[].revision",),
+    "Axolotl's other spelling of revision_of_model: write revision_of_model": ("model_revision",),
     "Axolotl's other spelling of model_type: write model_type": ("type_of_model",),
     "Axolotl's other spelling of model_config: write model_config": ("overrides_of_model_config",),
     "the Mistral tokenizer library is not supported; ktrain loads the tokenizer with AutoTokenizer": (
@@ -1086,7 +1087,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "this dataset transform is not supported; prepare the rows as one of the formats (`ktrain keys`)": (
         "datasets[].input_format",
         "datasets[].input_transform",
-        "datasets[].text_column",
     ),
     "profiling is not done by the config; `ktrain bench` measures speed": ("profiler_steps", "profiler_steps_start"),
     "saving at step 1 is not supported; checkpoints follow save_steps or saves_per_epoch": ("save_first_step",),

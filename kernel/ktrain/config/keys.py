@@ -31,6 +31,7 @@ class DatasetEntry:
     data_files: str | list[str] | None = key(None, "files inside `path` (or the Hub dataset) to read")
     ds_type: Literal["json", "parquet", "csv", "arrow"] | None = key(None, "file type when not given by suffix")
     field: str | None = key(None, "field holding the text (completion, pretraining) or the segments (input_output)")
+    text_column: str | None = key(None, "older spelling of field, for the raw text of pretraining_dataset")
     field_instruction: str | None = key(None, "alpaca: field holding the instruction (default `instruction`)")
     field_input: str | None = key(None, "alpaca: field holding the optional input (default `input`)")
     field_output: str | None = key(None, "alpaca: field holding the response (default `output`)")
@@ -57,6 +58,7 @@ class ModelKeys:
 
     base_model: str | None = key(None, "local HF model directory or hub id")
     base_model_config: str | None = key(None, "directory or hub id of the model config, if not base_model's")
+    revision_of_model: str | None = key(None, "the Hub revision (branch, tag or commit) of a hub-id base_model")
     tokenizer_config: str | None = key(None, "directory or hub id of the tokenizer, if not base_model's")
     model_type: str | None = key(None, "transformers Auto class to load with (default AutoModelForCausalLM)")
     model_config: dict[str, Any] | None = key(

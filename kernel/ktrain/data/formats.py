@@ -208,7 +208,7 @@ def alpaca(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | None:
 
 def completion(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | None:
     """Raw text in ``entry.field`` (default ``text``), every token trained, EOS appended."""
-    text = text_field(row, entry.field or "text")
+    text = text_field(row, entry.field or entry.text_column or "text")
     if not text:
         return None
     ids = [*encode(tokenizer, text), tokenizer.eos_token_id]

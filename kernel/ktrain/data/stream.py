@@ -28,7 +28,7 @@ class TextStream:
     def _documents(self, entry: Any, where: str) -> Iterator[list[int]]:
         tok = self.tokenizer
         for index, row in enumerate(iter_rows(entry, where)):
-            field = entry.field or "text"
+            field = entry.field or entry.text_column or "text"
             try:
                 text = text_field(row.fields, field)
             except KeyError:
