@@ -31,7 +31,12 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _plan(args: argparse.Namespace) -> Plan:
+    quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ  # torch's C++ warnings (a lost peer's socket) stay off the terminal
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     import torch
+
+    if quiet:  # read when torch loads; the ranks' own logs keep the warnings
+        del os.environ["TORCH_CPP_LOG_LEVEL"]
 
     device = "cuda" if torch.cuda.is_available() else "cpu"  # what the ranks will use
     capability = (
@@ -64,7 +69,7 @@ def launch(args: argparse.Namespace) -> int:
     for problem in plan.warnings:
         print(f"ktrain: warning: {problem}", file=sys.stderr)
     before = Before(plan)
-    run_dir, lock = prepare_run_dir(plan, args.resume, args.overwrite)
+    run_dir, lock = prepare_run_dir(plan, args.resume, args.overwrite, args.node_rank)
     print(f"ktrain: {plan.mesh.describe()}; run directory {run_dir}", flush=True)
     try:
         if plan.mesh.world_size == 1 and args.nnodes == 1 and not args.max_restarts:
@@ -72,7 +77,7 @@ def launch(args: argparse.Namespace) -> int:
         else:
             worker = ["-m", "ktrain.run.worker", str(run_dir), *(["--resume"] if args.resume else [])]
             code = run_ranks(plan.mesh.world_size // args.nnodes, args, worker, run_dir)
-        if code == EXIT_BAD_INPUT:
+        if code == EXIT_BAD_INPUT and not args.node_rank:  # the first machine's launcher owns the folder
             before.restore()
         elif code > 128:
             _say_interrupted(code - 128, run_dir)
@@ -160,6 +165,7 @@ def run_ranks(nproc: int, args: argparse.Namespace, worker: list[str], run_dir: 
     (and its log, where the ranks of the run in ``run_dir`` write their tracebacks)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import get_args_parser
     from torch.distributed.run import run as elastic_run
 
@@ -201,6 +207,14 @@ def run_ranks(nproc: int, args: argparse.Namespace, worker: list[str], run_dir: 
         elastic_run(get_args_parser().parse_args(argv))
     except SignalException as e:  # SIGINT/SIGTERM to the launcher: the agent passed it on and the ranks stopped
         return 128 + int(e.sigval)
+    except RendezvousError as e:  # another machine is gone (it held the rendezvous) or never came
+        error = " ".join(str(e).split())
+        print(
+            f"ktrain: the rendezvous at {args.rdzv_endpoint} failed: another machine of the run stopped or cannot be "
+            f"reached; this machine's ranks were stopped.\n  first error: {type(e).__name__}: {error}",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     except ChildFailedError as e:
         rank, failure = _cause(e.failures)
         if outcome.is_bad_input(failure):

@@ -92,18 +92,21 @@ def _clear(out: Path, keep: tuple[str, ...]) -> None:
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
 
 
-def prepare_run_dir(plan: Plan, resume: bool, overwrite: bool) -> tuple[Path, IO]:
+def prepare_run_dir(plan: Plan, resume: bool, overwrite: bool, node_rank: int = 0) -> tuple[Path, IO]:
     """Check ``output_dir`` for this run, lock it, and write the run's config files.
 
     Refuses (``ConfigError`` naming ``output_dir``) a folder in use (naming the pid of its launcher), a
     folder of an earlier run that holds results (``holds_results``) without ``--resume`` or
     ``--overwrite``, and a non-empty folder ktrain did not write. A folder a failed start left is reused,
-    with one line saying so. Nothing is changed before every check passed.
+    with one line saying so. Nothing is changed before every check passed. The launcher of another
+    machine than the first (``node_rank`` > 0) only joins the folder (``join_run_dir``).
     """
     config = plan.config
     out = Path(config.output_dir).expanduser().absolute()
+    if node_rank:
+        return out, join_run_dir(out, plan, node_rank)
     ours = (out / RUN_FILE).is_file()
-    if out.exists() and any(out.iterdir()) and not ours:
+    if out.exists() and not ours and not all(_joining(p.name) for p in out.iterdir()):
         raise ConfigError.single(
             "output_dir", f"{out} holds files ktrain did not write; choose an empty or new output_dir"
         )
@@ -131,6 +134,26 @@ def prepare_run_dir(plan: Plan, resume: bool, overwrite: bool) -> tuple[Path, IO
         _clear(out, keep=("prepared",))  # the data cache is named by its content's hash: still good
     write_run_files(out, plan)
     return out, lock
+
+
+def _joining(name: str) -> bool:
+    """Whether ``name`` is a file the launcher of another machine of the run writes as it joins (``join_run_dir``)."""
+    return name.startswith(".ktrain.node-") or any(name == f or name.startswith(f".{f}.tmp-") for f in RUN_FILES)
+
+
+def join_run_dir(out: Path, plan: Plan, node_rank: int) -> IO:
+    """The launcher of machine ``node_rank`` (> 0) of a run over several: the first machine's launcher checks,
+    clears and locks ``out`` (on a filesystem they share, as their checkpoints need), so this one locks
+    ``.ktrain.node-N.lock`` against a second launcher of its machine and writes the config files only where
+    they differ (its own disk, or a first machine that has not written them yet); returns the lock."""
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / RUN_FILE).is_file():  # first: a folder holding run.json is ktrain's to the first machine
+        write_run_files(out, plan)
+    texts = {"config.yaml": plan.config.to_yaml(only_present=True), "config.resolved.yaml": plan.config.to_yaml()}
+    for name, text in texts.items():
+        if not (out / name).is_file() or (out / name).read_text(encoding="utf-8") != text:
+            atomic_write_text(out / name, text)
+    return open_lock(out / f".ktrain.node-{node_rank}.lock", fcntl.LOCK_EX)
 
 
 RUN_FILES = (RUN_FILE, "config.yaml", "config.resolved.yaml")

@@ -1,0 +1,115 @@
+"""Several machines on loopback: two ``ktrain run --nnodes 2 --node-rank {0,1} --rdzv-endpoint 127.0.0.1:PORT``
+launchers (one rank each, gloo, one output_dir as on a shared filesystem) form one run whose losses equal one
+process's, under DDP, FSDP2 and ZeRO-3; killing one machine ends the other within a bounded time, naming the
+failure."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ktrain.testing import dataset, ktrain, model_dir, read_metrics, write_config
+from tests.kit import REPO
+
+STEPS = 3
+RTOL = 1e-5  # fp32: the same global batch of 8 rows, its gradients summed in another order
+SHARDINGS = {
+    "ddp": {},
+    "fsdp2": {"fsdp_version": 2},
+    "zero3": {"deepspeed": str(REPO / "tests" / "fixtures" / "deepspeed" / "zero3.json")},
+}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("multinode")
+    model_dir(root, weights=True, attention_dropout=0.0)  # ZeRO-3 draws random weights its own way: load saved ones
+    dataset(root, 200)
+    return root
+
+
+@pytest.fixture(scope="module")
+def one_process(root: Path) -> dict[int, float]:
+    """Losses of one process taking the global batch of 8 rows as 2 micro-batches of 4."""
+    config = write_config(
+        root,
+        "one.yaml",
+        random_init_weights=False,
+        max_steps=STEPS,
+        gradient_accumulation_steps=2,
+        output_dir=str(root / "one"),
+    )
+    done = ktrain("run", str(config))
+    assert done.returncode == 0, done.stderr
+    return read_metrics(root / "one")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _machines(config: Path, log: Path, env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    """Both machines' launchers, their output in ``LOG.node-N``."""
+    port = _free_port()
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "KTRAIN_PG_TIMEOUT_S": "60", **(env or {})}
+    started = []
+    for node in (0, 1):
+        args = ["run", str(config), "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1"]
+        args += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "loopback", "--rdzv-timeout", "120"]
+        with open(f"{log}.node-{node}", "w") as out:
+            started.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "ktrain.cli", *args],
+                    stdout=out,
+                    stderr=out,
+                    env=full_env,
+                )
+            )
+    return started
+
+
+@pytest.mark.parametrize("sharding", SHARDINGS)
+def test_two_machines_form_one_run_equal_to_one_process(
+    root: Path, one_process: dict[int, float], sharding: str
+) -> None:
+    out = root / sharding
+    config = write_config(
+        root, f"{sharding}.yaml", random_init_weights=False, max_steps=STEPS, output_dir=str(out), **SHARDINGS[sharding]
+    )
+    codes = [p.wait(timeout=300) for p in _machines(config, root / sharding)]
+    logs = [Path(f"{root / sharding}.node-{node}").read_text() for node in (0, 1)]
+    assert codes == [0, 0], logs
+    assert "= 2 ranks" in logs[0]
+    losses = read_metrics(out)
+    assert losses.keys() == one_process.keys() == set(range(1, STEPS + 1))
+    for step, loss in one_process.items():
+        assert losses[step] == pytest.approx(loss, rel=RTOL), (step, logs)
+    assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_a_machine_killed_ends_the_other_naming_the_failure(root: Path) -> None:
+    config = write_config(root, "killed.yaml", max_steps=10_000, logging_steps=1, output_dir=str(root / "killed"))
+    first, second = _machines(config, root / "killed")
+    deadline = time.monotonic() + 180
+    while not (root / "killed" / "metrics.jsonl").is_file():  # both machines train
+        assert first.poll() is None and second.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    machine = psutil.Process(second.pid)
+    for process in [*machine.children(recursive=True), machine]:  # the machine is gone: its launcher and rank at once
+        process.kill()
+    killed = time.monotonic()
+    code = first.wait(timeout=120)
+    text = Path(f"{root / 'killed'}.node-0").read_text()
+    assert code == 1, text[-3000:]
+    assert time.monotonic() - killed < 60, text[-3000:]
+    assert "failed" in text and "first error:" in text, text[-3000:]  # a rank's error, or the rendezvous's
+    assert "Traceback" not in text and "TCPStore" not in text, text[-3000:]
