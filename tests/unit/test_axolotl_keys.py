@@ -15,6 +15,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from ktrain.config.activation import discover
 from ktrain.config.axolotl import HANDLED_HERE, _attrs_class, check_plugins, classify
 from ktrain.config.axolotl_keys import (
     ACCEPTED,
@@ -30,7 +31,6 @@ from ktrain.config.install import install_command
 from ktrain.config.keys import PLUGIN_KEYS
 from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError, Report
-from ktrain.config.activation import discover
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "axolotl"
 
@@ -114,7 +114,9 @@ def test_unsupported_keys_are_refused_with_what_ktrain_offers(tmp_path, tiny_mod
     assert "unknown key" not in result.stderr
 
 
-def test_activation_offloading_and_batch_size_are_translated(tmp_path, tiny_model_dir, tiny_chat_jsonl) -> None:
+def test_activation_offloading_batch_size_cut_cross_entropy_xformers_are_translated(
+    tmp_path, tiny_model_dir, tiny_chat_jsonl
+) -> None:
     path = _write("lora_sft.yaml", tmp_path, tiny_model_dir, tiny_chat_jsonl)
     plan = prepare(
         path,
@@ -134,6 +136,8 @@ def test_activation_offloading_and_batch_size_are_translated(tmp_path, tiny_mode
     assert plan.config.gradient_accumulation_steps == 4 and "gradient_accumulation_steps: 4" in notes["batch_size"]
     written = prepare(path, ["batch_size=8", "gradient_accumulation_steps=2"])
     assert written.config.gradient_accumulation_steps == 2
+    fused = prepare(path, ["cut_cross_entropy=true", "attn_implementation=xformers"])
+    assert fused.config.fused_linear_cross_entropy is True and fused.config.attn_implementation == "sdpa"
     with pytest.raises(ConfigError) as e:
         prepare(path, ["gradient_checkpointing=false", "activation_offloading=true", "batch_size=0"])
     assert "activation_offloading: needs gradient_checkpointing: true" in str(e.value)

@@ -23,7 +23,9 @@ NESTED_MAPPINGS = ("fsdp_config",)
 INTEGRATION_PREFIX = "axolotl.integrations."
 # Owned by the kernel and read by this module (no section declares them): ``plugins:``, and Axolotl's other
 # spellings of kernel keys, each translated with a note.
-HANDLED_HERE = ("plugins", "activation_offloading", "batch_size")
+HANDLED_HERE = ("plugins", "activation_offloading", "batch_size", "cut_cross_entropy")
+# attn_implementation values of Axolotl that name another kernel for the same exact attention.
+SAME_ATTENTION = {"xformers": "sdpa", "kernels-community/vllm-flash-attn3": "flash_attention_2"}
 
 _CLASS = {name: ("accepted", reason) for reason, names in ACCEPTED.items() for name in names}
 _CLASS |= {name: ("unsupported", reason) for reason, names in UNSUPPORTED.items() for name in names}
@@ -70,7 +72,25 @@ def sift(data: dict[Any, Any], sections: dict[str, type], report: Report, instal
         _activation_offloading(data["activation_offloading"], kept, report)
     if data.get("batch_size") is not None:
         _batch_size(data["batch_size"], kept, report)
+    if data.get("cut_cross_entropy") is not None:
+        _cut_cross_entropy(data["cut_cross_entropy"], kept, report)
+    written = kept.get("attn_implementation")
+    if isinstance(written, str) and written in SAME_ATTENTION:
+        kept["attn_implementation"] = SAME_ATTENTION[written]
+        report.warn("attn_implementation", f"{written} read as {SAME_ATTENTION[written]}, the same exact attention")
     return kept
+
+
+def _cut_cross_entropy(value: Any, kept: dict[Any, Any], report: Report) -> None:
+    """Axolotl's ``cut_cross_entropy``: the loss computed without the full logits, which
+    ``fused_linear_cross_entropy`` (ktrain-plugin-fused-loss) does; an unset one of those is set to match."""
+    if value is False:
+        report.warn("cut_cross_entropy", "accepted as off")
+    elif value is not True:
+        report.error("cut_cross_entropy", f"expected true or false, got {value!r}")
+    elif kept.get("fused_linear_cross_entropy") is None:
+        kept["fused_linear_cross_entropy"] = True
+        report.warn("cut_cross_entropy", "read as fused_linear_cross_entropy: true (ktrain-plugin-fused-loss)")
 
 
 def _activation_offloading(value: Any, kept: dict[Any, Any], report: Report) -> None:

@@ -698,9 +698,6 @@ ACCEPTED: dict[str, tuple[str, ...]] = {
         "flash_attn_fuse_mlp",
         "flash_attn_cross_entropy",
     ),
-    "Axolotl's Cut Cross Entropy loss; ktrain-plugin-fused-loss does this job: add fused_linear_cross_entropy: true": (
-        "cut_cross_entropy",
-    ),
     "ktrain's weights are fp32 unless bf16/bfloat16/fp16 say otherwise": ("float32",),
     "ktrain keeps the original parameters under FSDP2": ("fsdp_config.use_orig_params",),
     "FSDP2 with cpu_ram_efficient_loading sends rank 0's weights to the other ranks": (
