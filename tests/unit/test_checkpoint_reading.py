@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from ktrain.config.report import ConfigError
 from ktrain.config.activation import discover
+from ktrain.config.report import ConfigError
 from ktrain.run.checkpoints import read_checkpoint_state
 from ktrain.run.manifest import MANIFEST, file_table
 

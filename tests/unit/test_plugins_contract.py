@@ -23,9 +23,9 @@ import pytest
 import ktrain
 from ktrain import hookimpl, hookspecs
 from ktrain.cli import EXIT_BAD_INPUT, main
+from ktrain.config.activation import discover
 from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError
-from ktrain.config.activation import discover
 from ktrain.plugins import DEFAULT_OWNERS, OWNED_HOOKS, PluginError
 
 BUILTIN = Path(ktrain.__file__).parent / "builtin"
