@@ -75,8 +75,10 @@ def launch(args: argparse.Namespace) -> int:
         if plan.mesh.world_size == 1 and args.nnodes == 1 and not args.max_restarts:
             code = _run_here(run_dir, args.resume)
         else:
-            worker = ["-m", "ktrain.run.worker", str(run_dir), *(["--resume"] if args.resume else [])]
-            code = run_ranks(plan.mesh.world_size // args.nnodes, args, worker, run_dir)
+            code = _data_before_ranks(run_dir, plan.mesh.world_size)
+            if code == EXIT_OK:
+                worker = ["-m", "ktrain.run.worker", str(run_dir), *(["--resume"] if args.resume else [])]
+                code = run_ranks(plan.mesh.world_size // args.nnodes, args, worker, run_dir)
         if code == EXIT_BAD_INPUT and not args.node_rank:  # the first machine's launcher owns the folder
             before.restore()
         elif code > 128:
@@ -84,6 +86,20 @@ def launch(args: argparse.Namespace) -> int:
         return code
     finally:
         lock.close()
+
+
+def _data_before_ranks(run_dir: Path, world_size: int) -> int:
+    """This machine's tokenizing pass before its ranks start (``ktrain.data.preprocess.before_ranks``); bad data
+    is one line and exit 2 here, before any rank."""
+    from ktrain.data.preprocess import before_ranks
+    from ktrain.run import outcome
+
+    try:
+        before_ranks(run_dir, world_size)
+    except outcome.bad_input_types() as e:
+        print(f"ktrain: {outcome.one_line(e)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_OK
 
 
 def _say_interrupted(signum: int, run_dir: Path) -> None:

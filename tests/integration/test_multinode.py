@@ -113,3 +113,23 @@ def test_a_machine_killed_ends_the_other_naming_the_failure(root: Path) -> None:
     assert time.monotonic() - killed < 60, text[-3000:]
     assert "failed" in text and "first error:" in text, text[-3000:]  # a rank's error, or the rendezvous's
     assert "Traceback" not in text and "TCPStore" not in text, text[-3000:]
+
+
+def test_a_long_tokenization_never_trips_the_process_groups_timeout(root: Path) -> None:
+    """32,000 rows take seconds to tokenize, longer than the ranks' collective timeout (4 s): the launcher
+    tokenizes before the ranks start, so no rank waits for another in a collective meanwhile."""
+    slow = root / "slow"
+    slow.mkdir()
+    rows = (root / "train.jsonl").read_text(encoding="utf-8")
+    (slow / "train.jsonl").write_text(rows * 160, encoding="utf-8")
+    config = write_config(
+        root,
+        "slow.yaml",
+        datasets=[{"path": str(slow / "train.jsonl"), "type": "chat_template"}],
+        max_steps=1,
+        output_dir=str(slow / "out"),
+    )
+    done = ktrain("run", str(config), "--nproc-per-node", "2", env={"KTRAIN_PG_TIMEOUT_S": "4"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ktrain: tokenizing the datasets into" in done.stdout
+    assert "data: cache hit" in done.stdout  # the ranks only read what the launcher wrote

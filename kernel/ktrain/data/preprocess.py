@@ -1,4 +1,5 @@
-"""``ktrain preprocess CONFIG [--check-only]``: tokenize once into the cache, or check the data without training.
+"""``ktrain preprocess CONFIG [--check-only]``: tokenize once into the cache, or check the data without training;
+and the same tokenizing pass that ``ktrain run`` makes on each machine before its ranks start (``before_ranks``).
 
 ``--check-only`` reads every sample and reports, without writing anything: samples per dataset, those
 with a missing field (the first few by index, file and line), empty ones, those longer than
@@ -8,13 +9,16 @@ trained tokens between ``[[`` and ``]]``. It exits 2 when a dataset cannot be us
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ktrain.data import cache, packing
+from ktrain.data import cache, packing, templates
 from ktrain.data.examples import TokenTable
 from ktrain.data.pipeline import cache_folder
 from ktrain.data.reading import DataError
@@ -38,7 +42,45 @@ def _tokenizer(plan: Any) -> Any:
         device_mesh=None,
         compute_dtype=torch.float32,
     )
-    return plan.plugins.hook.ktrain_load_tokenizer(run=run)
+    return chat_ready(plan.plugins.hook.ktrain_load_tokenizer(run=run), config)
+
+
+def chat_ready(tokenizer: Any, config: Any) -> Any:
+    """``tokenizer`` given the config's ``chat_template`` (or ``chat_template_jinja``), as a run trains and exports
+    it; the cache's key holds the template, so every pass that names the cache does this first."""
+    if config.chat_template or config.chat_template_jinja:
+        name = templates.template_name(None, config)
+        tokenizer.chat_template = templates.resolve(name, config, tokenizer, "chat_template")
+    return tokenizer
+
+
+@contextlib.contextmanager
+def _building(folder: Path) -> Iterator[None]:
+    """Hold ``.KEY.lock`` beside the cache ``folder`` (exclusive): machines sharing ``dataset_prepared_path``
+    tokenize one after the other, and the later ones find the cache built."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def before_ranks(run_dir: Path, world_size: int) -> None:
+    """Tokenize the datasets of the run in ``run_dir`` (of ``world_size`` ranks) into their cache, when it is
+    missing, before any rank starts (``ktrain run`` on each machine): the ranks then only memory-map it, so
+    a long tokenization never keeps a rank from the process group's collectives past their timeout.
+    Raises ``DataError`` on bad data."""
+    from ktrain.config.plan import prepare
+
+    plan = prepare(run_dir / "config.yaml", world_size=world_size, with_defaults=True)  # as the ranks read it
+    config = plan.config
+    if not (config.datasets or config.test_datasets):
+        return  # pretraining_dataset streams
+    tokenizer = _tokenizer(plan)
+    folder = cache_folder(config, run_dir, tokenizer, plan.formats)
+    with _building(folder):
+        if not cache.exists(folder):
+            print(f"ktrain: tokenizing the datasets into {folder}", flush=True)
+            cache.write(folder, cache.build(config, tokenizer, plan.formats))
 
 
 def render(tokenizer: Any, ids: Any, labels: Any) -> str:

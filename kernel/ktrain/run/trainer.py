@@ -20,10 +20,11 @@ from typing import Any
 import torch
 
 from ktrain.config.report import ConfigError
-from ktrain.data import pipeline, templates
+from ktrain.data import pipeline
 from ktrain.data.batches import PlannedRows, row_tokens
 from ktrain.data.examples import Example
 from ktrain.data.pipeline import TrainData
+from ktrain.data.preprocess import chat_ready
 from ktrain.data.stream import StreamRows
 from ktrain.run import checkpoints, distributed, libraries, nonfinite, stop
 from ktrain.run.context import Run, compute_dtype
@@ -55,10 +56,7 @@ class Trainer:
 
     def _load(self) -> tuple[Any, TrainData]:
         run, config = self.run, self.config
-        run.tokenizer = run.hook.ktrain_load_tokenizer(run=run)
-        if config.chat_template or config.chat_template_jinja:  # the exported tokenizer chats as it was trained
-            name = templates.template_name(None, config)
-            run.tokenizer.chat_template = templates.resolve(name, config, run.tokenizer, "chat_template")
+        run.tokenizer = chat_ready(run.hook.ktrain_load_tokenizer(run=run), config)  # exported, it chats as trained
         data = pipeline.load(run, distributed.barrier)
         if run.is_main:
             print("\n".join(data.summary), flush=True)
