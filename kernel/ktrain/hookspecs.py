@@ -91,7 +91,10 @@ def ktrain_activate(config: Config, activate: Callable[..., None]) -> None:
     every rank before the run starts. ``activate(obj, *, roles=(), keys=())`` registers ``obj`` (any
     object with hook implementations) and claims the exclusive ``roles`` for it; ``keys`` names the
     config keys that enabled it, for error messages. Two plugins claiming one role stop the run before
-    any rank starts, with both named. Do the heavy imports inside this hook or in ``obj``'s module.
+    any rank starts, with both named. ``obj`` may be the string ``"module:attribute"`` of a callable
+    taking the config and returning the runtime object: the kernel imports that module and calls it only
+    on the ranks, so the config phase (``ktrain check``) imports no runtime module; every first-party
+    plugin activates so.
     """
 
 
