@@ -6,6 +6,9 @@ from typing import Any
 
 from ktrain_preference.keys import GENERATION_METHODS, METHODS, PAIR_FORMAT
 
+# Keys of plugins that replace the model's output layer and loss with a fused one that returns no logits.
+UNSHARED_LOSS_KEYS = ("fused_linear_cross_entropy", "liger_fused_linear_cross_entropy", "liger_cross_entropy")
+
 
 def validate(config: Any, report: Any) -> None:
     """Refuse a method that needs generation or is unknown, packing, and datasets that are not pairs."""
@@ -17,6 +20,9 @@ def validate(config: Any, report: Any) -> None:
         return
     if method in GENERATION_METHODS:
         report.error("rl", f"{method} needs a generation engine; not supported yet (rl: {' or '.join(METHODS)} are)")
+        return
+    if method == "kto":
+        report.error("rl", f"kto (unpaired rows) is not supported yet; rl: {', '.join(METHODS)} are")
         return
     if method not in METHODS:
         report.error("rl", f"'{method}' is not a method of ktrain-plugin-preference; use {' or '.join(METHODS)}")
@@ -31,6 +37,12 @@ def validate(config: Any, report: Any) -> None:
         report.error("orpo_alpha", "applies to rl: orpo only; leave it out")
     if config.sample_packing:
         report.error("sample_packing", "preference pairs are not packed; set sample_packing: false")
+    for name in UNSHARED_LOSS_KEYS:  # keys of other plugins: present only when those are installed
+        if getattr(config, name, None):
+            report.error(name, f"rl: {method} computes its own loss from the logits; leave {name} out")
+    for name in ("context_parallel_size", "sequence_parallel_degree"):
+        if (getattr(config, name, None) or 1) > 1:
+            report.error(name, f"rl: {method} needs each sequence whole on a rank; leave {name} at 1")
     for i, entry in enumerate(config.datasets or []):
         if entry.type != PAIR_FORMAT:
             report.error(f"datasets[{i}].type", f"rl: {method} trains on preference pairs: set type: {PAIR_FORMAT}")

@@ -73,8 +73,22 @@ def test_generation_methods_are_refused_by_name_before_launch(root: Path, capsys
     assert "Traceback" not in err and not (root / "grpo").exists()
 
 
-def test_packed_pairs_and_plain_datasets_are_refused(root: Path, capsys: pytest.CaptureFixture) -> None:
-    plain = {"sample_packing": "true", "datasets.0.type": "chat_template"}
+def test_packed_pairs_fused_losses_kto_and_non_pairs_are_refused(root: Path, capsys: pytest.CaptureFixture) -> None:
+    plain = {"sample_packing": "true", "datasets.0.type": "chat_template", "fused_linear_cross_entropy": "true"}
     assert main(["check", str(AXOLOTL_DPO), *_sets(root, **plain)]) == 2
     err = capsys.readouterr().err
-    assert "sample_packing" in err and "datasets[0].type" in err
+    assert "sample_packing" in err and "datasets[0].type" in err and "leave fused_linear_cross_entropy out" in err
+    assert main(["check", str(AXOLOTL_DPO), *_sets(root, rl="kto")]) == 2
+    assert "kto (unpaired rows) is not supported yet" in capsys.readouterr().err
+
+
+def test_a_pair_whose_prompt_fills_sequence_len_is_reported_by_the_data_check(
+    root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    long = root / "long.jsonl"
+    rows = [{"conversation": prompt, "chosen": "2", "rejected": "3"} for prompt in ("1+1=" * 20, "1+1=")]
+    long.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    sets = _sets(root, **{"datasets.0.path": long})
+    assert main(["preprocess", str(AXOLOTL_DPO), *sets, "--check-only"]) == 2
+    out = capsys.readouterr().out
+    assert "sample 0" in out and "fill sequence_len 64" in out and "1 kept" in out
