@@ -187,6 +187,16 @@ def test_a_template_that_drops_an_earlier_thinking_block_is_masked_by_content(
     assert [s for s in spans.split("\0") if s] == ["Hello<|im_end|>", "</think>\n\nCiao<|im_end|>"]
 
 
+def test_field_thinking_passes_a_reply_s_reasoning_to_the_template(tmp_path: Path, model: Path, tok: Any) -> None:
+    turns = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", "thinking": "two twos"}]
+    row = [{"messages": turns}]
+    plain = only(build(tmp_path, model, tok, row, type="chat_template", chat_template="qwen3"))
+    assert "two twos" not in tok.decode(plain[0])
+    got = only(build(tmp_path, model, tok, row, type="chat_template", chat_template="qwen3", field_thinking="thinking"))
+    trained = tok.decode([t for t, label in zip(*got, strict=True) if label != IGNORE])
+    assert trained == "two twos\n</think>\n\n4<|im_end|>"  # "<think>\n" ends qwen3's generation prompt
+
+
 def test_eot_tokens_end_the_turns_and_drop_system_message(tmp_path: Path, model: Path, tok: Any) -> None:
     turns = [
         {"role": "system", "content": "Be brief."},

@@ -1062,8 +1062,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "chat_template_kwargs",
         "default_system_message",
         "datasets[].chat_template_jinja",
-        "datasets[].field_thinking",
-        "datasets[].template_thinking_key",
         "datasets[].split_thinking",
         "datasets[].field_tools",
         "datasets[].train_on_eot",

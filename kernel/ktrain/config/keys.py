@@ -41,6 +41,10 @@ class DatasetEntry:
     message_property_mappings: dict[str, str] | None = key(None, "names of `role`/`content` in each turn")
     message_field_role: str | None = key(None, "older spelling of message_property_mappings: {role: ...}")
     message_field_content: str | None = key(None, "older spelling of message_property_mappings: {content: ...}")
+    field_thinking: str | None = key(None, "chat: field of a turn holding its reasoning, passed to the template")
+    template_thinking_key: str | None = key(
+        None, "chat: the name the template reads a turn's reasoning by (default reasoning_content)"
+    )
     roles: dict[str, list[str]] | None = key(
         None, "chat: the role names of the data each template role is written as ({assistant: [gpt, model], ...})"
     )

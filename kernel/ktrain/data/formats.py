@@ -41,7 +41,9 @@ def text_field(row: dict, name: str, required: bool = True) -> str:
 
 
 def _messages(row: dict, entry: Any) -> list[dict]:
-    """The turns of a chat row as ``{"role", "content"}``: OpenAI ``messages`` or ShareGPT ``conversations``."""
+    """The turns of a chat row as ``{"role", "content"}``: OpenAI ``messages`` or ShareGPT ``conversations``;
+    with ``field_thinking`` or ``template_thinking_key``, a turn's reasoning too, under the name the template
+    reads (``reasoning_content`` unless written)."""
     field = entry.field_messages or ("messages" if "messages" in row or "conversations" not in row else "conversations")
     turns = row.get(field)
     if turns is None:
@@ -58,6 +60,9 @@ def _messages(row: dict, entry: Any) -> list[dict]:
         names = SHAREGPT_ROLES
     if entry.roles:
         names = {**names, **{source: role for role, sources in entry.roles.items() for source in sources}}
+    thinking = entry.field_thinking or entry.template_thinking_key  # either one passes the reasoning on
+    thinking_field = entry.field_thinking or "reasoning_content"
+    thinking_key = (entry.template_thinking_key or "reasoning_content") if thinking else None
     messages = []
     for n, turn in enumerate(turns):
         if not isinstance(turn, dict):
@@ -66,7 +71,10 @@ def _messages(row: dict, entry: Any) -> list[dict]:
         if role is None:
             raise KeyError(f"{field}[{n}].{role_key}")
         content = text_field(turn, content_key, required=False)
-        messages.append({"role": names.get(role, role), "content": content})
+        message = {"role": names.get(role, role), "content": content}
+        if thinking_key and turn.get(thinking_field) is not None:
+            message[thinking_key] = text_field(turn, thinking_field)
+        messages.append(message)
     return messages
 
 
@@ -156,14 +164,20 @@ def _rendered_bounds(tokenizer: Any, messages: list[dict], i: int, text: str, te
 
 def _content_places(messages: list[dict], text: str) -> list[tuple[int, int] | None]:
     """Each turn's content located in ``text``, in order (each search starts where the previous turn's
-    content ended); None for a turn whose content is empty or not found."""
+    content ended), from its reasoning on where the turn has one rendered before it; None for a turn
+    whose content is empty or not found."""
     places: list[tuple[int, int] | None] = []
     cursor = 0
     for message in messages:
         content = message["content"].strip()
         found = text.find(content, cursor) if content else -1
-        places.append((found, found + len(content)) if found >= 0 else None)
-        cursor = found + len(content) if found >= 0 else cursor
+        if found < 0:
+            places.append(None)
+            continue
+        reasoning = [v.strip() for k, v in message.items() if k not in ("role", "content") and isinstance(v, str)]
+        before = [at for at in (text.find(r, cursor, found) for r in reasoning if r) if at >= 0]
+        places.append((min([found, *before]), found + len(content)))
+        cursor = found + len(content)
     return places
 
 
