@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,12 +57,16 @@ def chat_ready(tokenizer: Any, config: Any) -> Any:
 
 @contextlib.contextmanager
 def _building(folder: Path) -> Iterator[None]:
-    """Hold ``.KEY.lock`` beside the cache ``folder`` (exclusive): machines sharing ``dataset_prepared_path``
-    tokenize one after the other, and the later ones find the cache built."""
+    """Hold an exclusive lock on the folder above the cache ``folder`` (no file of its own is left there):
+    machines sharing ``dataset_prepared_path`` tokenize one after the other, and the later ones find the
+    cache built."""
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f".{folder.name}.lock", "a+") as handle:
+    handle = os.open(folder.parent, os.O_RDONLY)
+    try:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(handle)  # releases the lock
 
 
 def before_ranks(run_dir: Path, world_size: int) -> None:
