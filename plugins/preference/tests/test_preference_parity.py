@@ -51,8 +51,10 @@ def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
 STEP_ONE = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected")
 
 
-def trl_history(root: Path, rows: list[dict[str, Any]], method: str, beta: float) -> list[dict[str, float]]:
-    """TRL's logged records (one a step) of the trainer of ``method`` on the model in ``root/model``."""
+def trl_history(
+    root: Path, model: Path, rows: list[dict[str, Any]], method: str, beta: float
+) -> list[dict[str, float]]:
+    """TRL's logged records (one a step) of the trainer of ``method`` on the model folder ``model``."""
     import datasets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -88,27 +90,35 @@ def trl_history(root: Path, rows: list[dict[str, Any]], method: str, beta: float
         dataloader_drop_last=True,
         **own,
     )
-    model = AutoModelForCausalLM.from_pretrained(root / "model", dtype=torch.float32)
+    policy = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
     trainer = trainer_class(
-        model=model,
+        model=policy,
         args=args,
         train_dataset=datasets.Dataset.from_list(rows),
-        processing_class=AutoTokenizer.from_pretrained(root / "model"),
+        processing_class=AutoTokenizer.from_pretrained(model),
     )
     trainer.train()
     return [record for record in trainer.state.log_history if "rewards/chosen" in record]
 
 
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with seeded weights saved, which both trainers load."""
+    return model_dir(tmp_path_factory.mktemp("parity-model"), weights=True)
+
+
 @pytest.fixture(scope="module", params=[("dpo", 0.1), ("ipo", 0.5), ("orpo", 0.2), ("simpo", 2.0)], ids=lambda p: p[0])
-def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+def runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model: Path
+) -> tuple[Path, list[dict]]:
     """(ktrain's run directory, TRL's records) for one method."""
     method, beta = request.param
     root = tmp_path_factory.mktemp(f"parity-{method}")
-    model_dir(root, weights=True)
     rows = pair_rows(PAIRS, chat=method in ("dpo", "ipo"))
     write_rows(root / "pairs.jsonl", rows)
     config = write_config(
         root,
+        base_model=str(model),
         random_init_weights=False,
         rl=method,
         **({"orpo_alpha": beta} if method == "orpo" else {"rl_beta": beta}),
@@ -123,7 +133,7 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     )
     done = ktrain("run", str(config))
     assert done.returncode == 0, done.stderr[-3000:]
-    return root / "out", trl_history(root, rows, method, beta)
+    return root / "out", trl_history(root, model, rows, method, beta)
 
 
 def test_step_one_matches_trl(runs: tuple[Path, list[dict]]) -> None:
