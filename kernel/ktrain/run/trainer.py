@@ -4,7 +4,9 @@ The loss handed to ``engine.backward`` is each rank's token sum divided by the t
 whole global batch (all micro-batches, all data-parallel ranks) times the number of ranks whose
 gradients are averaged (data-parallel and context-parallel ranks), so the averaged gradient is that of
 the token-mean loss of the step: the same for any split of one global batch into ranks, sequence shards
-and micro-batches, and never multiplied by accumulation.
+and micro-batches, and never multiplied by accumulation. What is counted (trained tokens by default, pairs
+for a preference objective), how rows are collated and the loss itself belong to the owner of the role
+``objective`` (``ktrain_build_objective``).
 """
 
 from __future__ import annotations
