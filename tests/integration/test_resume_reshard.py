@@ -2,12 +2,13 @@
 ranks (gloo), for each sharding: DDP 4 -> 2, FSDP2 2 -> 4 (DCP reshards), ZeRO-3 4 -> 2 (ktrain cuts the new
 partitions out of the saved ones).
 
-Every run trains the tiny Llama (saved seeded weights, so ZeRO-3 starts from the same ones) for 4 steps of one
-global batch of 8 rows (micro-batches of 2), with warm-up, a cosine schedule and weight decay. The uninterrupted
-run is DDP on 4 ranks. A run to resume stops after the checkpoint of step 2 (cut back, or stopped at step 3's
-forward by ``KTRAIN_FAULT``); the same config is resumed on the other number of ranks, where the launcher sets
-the accumulation that keeps 8 rows. Every step's loss equals the uninterrupted run's within the relative 1e-5 of
-the kernel's parity tests (fp32: only the order of the gradient sums differs).
+Every run trains the tiny Llama (hidden size 42, so that 4 ranks' partitions of a norm are padded; saved seeded
+weights, so ZeRO-3 starts from the same ones) for 4 steps of one global batch of 8 rows (micro-batches of 2),
+with warm-up, a cosine schedule and weight decay. The uninterrupted run is DDP on 4 ranks. A run to resume
+stops after the checkpoint of step 2 (cut back, or stopped at step 3's forward by ``KTRAIN_FAULT``); the same
+config is resumed on the other number of ranks, where the launcher sets the accumulation that keeps 8 rows.
+Every step's loss equals the uninterrupted run's within the relative 1e-5 of the kernel's parity tests (fp32:
+only the order of the gradient sums differs).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int,
     """The tiny model and data, and the uninterrupted run every resumed one is compared with: DDP on 4 ranks
     (micro-batches of 2, no accumulation), saving at steps 2 and 4; its folder and losses."""
     root = tmp_path_factory.mktemp("reshard")
-    model_dir(root, weights=True)
+    model_dir(root, weights=True, hidden_size=42, num_attention_heads=2, num_key_value_heads=1)  # padded shards
     dataset(root, 100)
     config = write_config(root, "ddp.yaml", output_dir=str(root / "ddp"), gradient_accumulation_steps=1, **KEYS)
     done = ktrain("run", str(config), "--nproc-per-node", "4")
