@@ -110,7 +110,8 @@ def ktrain_validate_config(config: Config, report: Report, launch: Launch | None
     the device type of the ranks (``"cuda"`` or ``"cpu"``) and on GPUs their lowest compute capability
     (``capability``), so a check that depends on them can refuse the run before any rank starts; under
     ``ktrain check --world-size N`` a ``Launch`` with that world size and no device; otherwise (``ktrain
-    check``, on the ranks) None: warn instead of refusing.
+    check``, on the ranks) None: warn instead of refusing. Under ``ktrain plan``, trying a layout, a
+    ``Launch`` with ``planned`` true: leave out a check that imports the run's libraries or reads this machine.
     """
 
 

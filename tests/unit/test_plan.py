@@ -8,6 +8,8 @@ the command's output and written config, and bad input.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -97,6 +99,18 @@ def test_check_warns_with_a_layout_that_fits_and_never_fails(tmp_path: Path, mod
     printed = capsys.readouterr().out
     assert "memory: predicted peak per rank" in printed
     assert "ktrain: warning: predicted not to fit; the fastest layout that fits: " in printed
+
+
+def test_plan_tries_zero_layouts_without_importing_torch_or_deepspeed(tmp_path: Path, model: Path) -> None:
+    """The candidates are checked with ``Launch.planned``: DeepSpeed's own parser (which imports torch) is left out."""
+    pytest.importorskip("ktrain_deepspeed")
+    script = (
+        "import sys; from ktrain.cli import main; "
+        f"code = main(['plan', {str(_config(tmp_path, model))!r}, '--gpus', '2']); "
+        "print(code, sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert "ZeRO-1" in done.stdout and done.stdout.splitlines()[-1] == "0 []", done.stdout
 
 
 @pytest.mark.parametrize("text", ["lots", "80 GiBs", ""])

@@ -165,7 +165,7 @@ def _prepare(data: dict[str, Any], overrides: list[str], world: int, folder: Pat
     """The checked plan of the config ``data`` (written into ``folder``) for ``world`` ranks."""
     out = folder / "candidate.yaml"
     out.write_text(dump_yaml(data), encoding="utf-8")
-    return prepare(out, overrides, world_size=world)
+    return prepare(out, overrides, world_size=world, planned=True)
 
 
 def _fits(prediction: Prediction, gpu_memory: int, host_memory: int | None, ranks_per_node: int) -> bool:

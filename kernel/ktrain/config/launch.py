@@ -14,9 +14,12 @@ class Launch:
     ``world_size`` is None when the mesh sizes could not be resolved (the report already says why);
     ``device`` is the device type every rank will use, or None where it is not known (``ktrain check``
     validates anywhere, without a GPU); ``capability`` is the lowest CUDA compute capability of the GPUs
-    the ranks will use, ``(major, minor)``, or None off a GPU or where it is not known.
+    the ranks will use, ``(major, minor)``, or None off a GPU or where it is not known. ``planned`` is true
+    when no rank will start from this check (``ktrain plan`` trying a layout): a check that needs the run's
+    libraries (which import torch) or this machine is left out.
     """
 
     world_size: int | None
     device: Literal["cuda", "cpu"] | None = None
     capability: tuple[int, int] | None = None
+    planned: bool = False

@@ -61,12 +61,13 @@ def prepare(
     capability: tuple[int, int] | None = None,
     extra_plugins: Iterable[tuple[str, Any]] = (),
     with_defaults: bool = False,
+    planned: bool = False,
 ) -> Plan:
     """Load, activate and check everything for a run of ``world_size`` ranks (None: what the mesh asks).
 
     ``device`` is the device type the ranks will use (``ktrain run`` passes it; None where it is not
     known; ``capability`` the GPUs' lowest compute capability): with it, or with ``world_size``, plugins'
-    checks get a ``Launch``. The problems of every
+    checks get a ``Launch`` (``planned``: no rank will start from it, see ``Launch``). The problems of every
     stage are reported together: unknown keys are left out and refused values hold their defaults, and a
     role claimed twice or a plugin's missing requirement is recorded (the second claimant left out) while
     the plugins' checks, the registries and the mesh are checked. Raises ``PluginError`` when the plugins'
@@ -82,7 +83,10 @@ def prepare(
     launch = None
     if device is not None or world_size is not None:
         launch = Launch(
-            world_size=mesh.world_size if mesh is not None else world_size, device=device, capability=capability
+            world_size=mesh.world_size if mesh is not None else world_size,
+            device=device,
+            capability=capability,
+            planned=planned,
         )
     plugins.hook.ktrain_validate_config(config=config, report=report, launch=launch)
     optimizers = collect(plugins, "ktrain_register_optimizers", "optimizer")

@@ -28,12 +28,14 @@ def ktrain_register_config(register) -> None:
 
 
 @hookimpl
-def ktrain_validate_config(config: Any, report: Any) -> None:
+def ktrain_validate_config(config: Any, report: Any, launch: Any) -> None:
     """Read ``deepspeed:`` and check it against the rest of the config (``ktrain_deepspeed.checks``), then
     with DeepSpeed's own parser and against this machine (which imports DeepSpeed, and torch with it; where
-    DeepSpeed is not installed the kernel reports the missing requirement instead)."""
+    DeepSpeed is not installed the kernel reports the missing requirement instead; not for a layout
+    ``ktrain plan`` tries, ``launch.planned``)."""
     validate(config, report)
-    if config.deepspeed is None or importlib.util.find_spec("deepspeed") is None:
+    planned = launch is not None and launch.planned
+    if config.deepspeed is None or planned or importlib.util.find_spec("deepspeed") is None:
         return
     try:
         source = read(config.deepspeed)
