@@ -21,6 +21,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ktrain.commands.plan import say_memory
 from ktrain.config import cluster
 from ktrain.config.plan import Plan, prepare
 from ktrain.config.report import ConfigError
@@ -68,6 +69,7 @@ def launch(args: argparse.Namespace) -> int:
         print(f"ktrain: {kept[1]}", flush=True)
     for problem in plan.warnings:
         print(f"ktrain: warning: {problem}", file=sys.stderr)
+    say_memory(plan, args)  # the predicted peak per rank, on GPUs
     before = Before(plan)
     run_dir, lock = prepare_run_dir(plan, args.resume, args.overwrite, args.node_rank)
     print(f"ktrain: {plan.mesh.describe()}; run directory {run_dir}", flush=True)

@@ -19,7 +19,7 @@ import yaml
 
 from ktrain import hookimpl
 from ktrain.cli import EXIT_BAD_INPUT, main
-from ktrain.commands.plan import parse_bytes
+from ktrain.commands.plan import RUN_MARGIN, memory_lines, parse_bytes
 from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError
 from ktrain.memory.model import predict
@@ -111,6 +111,17 @@ def test_plan_tries_zero_layouts_without_importing_torch_or_deepspeed(tmp_path: 
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert "ZeRO-1" in done.stdout and done.stdout.splitlines()[-1] == "0 []", done.stdout
+
+
+def test_run_warns_only_beyond_its_margin(tmp_path: Path, model: Path) -> None:
+    """``ktrain run``'s lines on a GPU of a given size: the peak alone within ``RUN_MARGIN``, a warning beyond."""
+    config = _config(tmp_path, model, micro_batch_size=16)
+    plan = prepare(config, world_size=2)
+    need = predict(plan.config, plan.mesh, plan.plugins).device_bytes
+    close = memory_lines(plan, str(config), [], round(need / 1.05), margin=RUN_MARGIN)
+    assert len(close) == 1 and close[0].startswith("memory: predicted peak per rank")
+    short = memory_lines(plan, str(config), [], round(need / 1.2), margin=RUN_MARGIN)
+    assert len(short) == 2 and short[1].startswith("ktrain: warning: predicted not to fit")
 
 
 @pytest.mark.parametrize("text", ["lots", "80 GiBs", ""])

@@ -6,7 +6,8 @@ FSDP2 with and without resharding, ZeRO-1/2/3 and ZeRO-3 with optimizer and weig
 checkpointing, tensor parallelism within a node, and smaller micro-batches with more accumulation
 (the global batch kept). Those that fit are ordered by an estimated step time: compute at a measured
 MFU, plus communication bytes at a stated bandwidth, not overlapped. ``--write OUT.yaml`` writes the
-fastest as a config.
+fastest as a config. ``ktrain check --gpu-memory`` and ``ktrain run`` (on GPUs, before the ranks start)
+print the predicted peak and warn with that layout when the config is predicted not to fit.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,6 +44,9 @@ HOST_BANDWIDTH = 25e9
 """Bytes a second between a GPU and host memory (PCIe 5), stated."""
 SHARDING_KEYS = ("fsdp_version", "fsdp_config", "fsdp", "deepspeed")
 AS_WRITTEN = "as written"
+RUN_MARGIN = 0.10
+"""``ktrain run`` warns when the predicted need exceeds the GPU's memory by more than this share: the predicted
+peaks of configs/bench are within 10% of the measured ones (docs/plan.md)."""
 
 
 def parse_bytes(text: str, flag: str) -> int:
@@ -314,22 +319,44 @@ def check_memory(plan: Plan, config_path: str, overrides: list[str], gpu_memory_
     """``ktrain check --gpu-memory SIZE``: the predicted peak per rank of ``plan``, and, when it does not fit, a
     warning naming the fastest layout ``ktrain plan`` finds that fits (a warning: the model can be wrong)."""
     gpu_memory = parse_bytes(gpu_memory_text, "--gpu-memory")
+    return "\n".join(memory_lines(plan, config_path, overrides, gpu_memory))
+
+
+def memory_lines(
+    plan: Plan, config_path: str, overrides: list[str], gpu_memory: int, nodes: int = 1, margin: float = 0.0
+) -> list[str]:
+    """The predicted peak per rank of ``plan`` against ``gpu_memory`` and, when it needs more than that by more
+    than ``margin`` (a share of it), a warning with the fastest layout of ``ktrain plan`` that fits."""
     try:
         shape = read_shape(plan.config)
     except ShapeError as e:
-        return f"memory: not predicted ({e})"
+        return [f"memory: not predicted ({e})"]
     prediction = predict(plan.config, plan.mesh, plan.plugins, shape)
     line = (
         f"memory: predicted peak per rank {_gib(prediction.peak)}, {_gib(prediction.device_bytes)} with the "
         f"allocator's overhead and a CUDA context, of {_gib(gpu_memory)} (`ktrain plan` shows the parts)"
     )
-    if prediction.device_bytes <= gpu_memory:
-        return line
-    args = argparse.Namespace(
-        config=config_path, overrides=list(overrides), gpus=plan.mesh.world_size, nodes=1, host_memory_bytes=None
-    )
+    if prediction.device_bytes <= gpu_memory * (1 + margin):
+        return [line]
+    args = argparse.Namespace(config=config_path, overrides=list(overrides), gpus=plan.mesh.world_size // nodes,
+                              nodes=nodes, host_memory_bytes=None)  # fmt: skip
     found = search(args, plan, shape, gpu_memory)
     if not found:
-        return f"{line}\nktrain: warning: predicted not to fit, and no layout of `ktrain plan` fits"
+        return [line, "ktrain: warning: predicted not to fit, and no layout of `ktrain plan` fits"]
     change = f"{found[0].label()} (--set {' --set '.join(found[0].sets())})"
-    return f"{line}\nktrain: warning: predicted not to fit; the fastest layout that fits: {change}"
+    return [line, f"ktrain: warning: predicted not to fit; the fastest layout that fits: {change}"]
+
+
+def say_memory(plan: Plan, args: argparse.Namespace) -> None:
+    """``ktrain run``, before the ranks start: print the predicted peak per rank against the smallest GPU's memory
+    (``torch.cuda.get_device_properties``; nothing off a GPU, where it is not known), with a warning when it is
+    predicted not to fit by more than ``RUN_MARGIN``. Called by the launcher, which has imported torch."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    gpu_memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+    lines = memory_lines(plan, args.config, args.overrides, gpu_memory, args.nnodes, RUN_MARGIN)
+    print(f"ktrain: {lines[0]}", flush=True)
+    for warning in lines[1:]:
+        print(warning, file=sys.stderr, flush=True)
