@@ -8,11 +8,13 @@ flat buffers) per layout, 2 CPU ranks with gloo; the plugin in memory_probe.py c
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ktrain.cli import main
 from ktrain.memory.model import predict
 from ktrain.testing import KtrainProject, write_chat_dataset, write_model_dir
 
@@ -57,3 +59,25 @@ def test_predicted_model_states_are_the_bytes_each_rank_holds(project: KtrainPro
         predicted.append({"parameters": states.parameters, "gradients": states.gradients,
                           "optimizer": states.optimizer})  # fmt: skip
     assert predicted == _held(project, name, keys)
+
+
+ACTIVATIONS_TOLERANCE = 0.05
+"""How far ``ktrain plan --measure``'s saved activations may be from the prediction on CPU in fp32 (docs/plan.md)."""
+
+
+def test_plan_measure_prints_equal_model_states_and_close_activations(tmp_path: Path, capsys) -> None:
+    """Two steps of the small Llama in this process (CPU, fp32): the model-state rows are equal to the byte,
+    the activations saved in the first micro-batch's forward within ``ACTIVATIONS_TOLERANCE``."""
+    config = tmp_path / "run.yaml"
+    model, data = write_model_dir(tmp_path / "model", **ODD), write_chat_dataset(tmp_path / "d.jsonl", 16)
+    config.write_text(
+        f"base_model: {model}\nrandom_init_weights: true\ndatasets: [{{path: {data}, type: chat_template}}]\n"
+        f"output_dir: {tmp_path / 'out'}\nmicro_batch_size: 4\nsequence_len: 64\npad_to_sequence_len: true\n",
+        encoding="utf-8",
+    )
+    assert main(["plan", str(config), "--measure"]) == 0
+    printed = capsys.readouterr().out
+    ratios = dict(re.findall(r"^  (\S.*?\S)\s+[0-9.]+ \S+\s+[0-9.]+ \S+\s+(\S+)$", printed, re.MULTILINE))
+    assert [ratios[name] for name in ("parameters", "gradients", "optimizer states")] == ["equal"] * 3, printed
+    assert abs(float(ratios["activations (saved)"]) - 1) < ACTIVATIONS_TOLERANCE, printed
+    assert "micro-batch 4 x 64 tokens" in printed and not (tmp_path / "out").exists()

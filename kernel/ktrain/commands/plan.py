@@ -268,17 +268,26 @@ def write_config(path: Path, config_path: Path, overrides: list[str], candidate:
 def configure(p: argparse.ArgumentParser) -> None:
     """The arguments of ``ktrain plan``."""
     p.add_argument("config", help="the run's YAML")
-    p.add_argument("--gpus", type=int, required=True, metavar="N", help="GPUs per node")
+    p.add_argument("--gpus", type=int, metavar="N", help="GPUs per node (needed but with --measure)")
     p.add_argument("--nodes", type=int, default=1, metavar="M", help="nodes (default 1)")
     p.add_argument("--gpu-memory", default="80GiB", metavar="SIZE", help="memory of one GPU (default 80GiB)")
     p.add_argument("--host-memory", metavar="SIZE", help="host memory of a node, for offloaded states")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a key")
     p.add_argument("--top", type=int, default=8, metavar="K", help="layouts to list (default 8)")
     p.add_argument("--write", type=Path, metavar="OUT.yaml", help="write the fastest layout that fits as a config")
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="run two steps in one process on this machine and print predicted against measured, by component",
+    )
 
 
 def plan_cli(args: argparse.Namespace) -> int:
     """Run ``ktrain plan``; returns the exit code (2: bad input, 1: nothing fits)."""
+    if args.measure:
+        return measure_cli(args)
+    if args.gpus is None:
+        raise ConfigError.single("--gpus", "is needed: the GPUs per node to plan for (or --measure, on this machine)")
     gpu_memory = parse_bytes(args.gpu_memory, "--gpu-memory")
     args.host_memory_bytes = parse_bytes(args.host_memory, "--host-memory") if args.host_memory else None
     if args.gpus < 1 or args.nodes < 1:
@@ -360,3 +369,47 @@ def say_memory(plan: Plan, args: argparse.Namespace) -> None:
     print(f"ktrain: {lines[0]}", flush=True)
     for warning in lines[1:]:
         print(warning, file=sys.stderr, flush=True)
+
+
+def measure_cli(args: argparse.Namespace) -> int:
+    """``ktrain plan CONFIG --measure``: two steps of the config in one process here, and for each component the
+    predicted bytes (for the measured micro-batch's rows and length) against the measured, with their ratio."""
+    from ktrain.memory.measure import measure
+
+    load_plugins_and_config(args.config, args.overrides)  # the config's own problems first, as ktrain check
+    measured = measure(args.config, args.overrides)
+    plan = prepare(args.config, args.overrides, world_size=1)
+    config = with_keys(plan.config, micro_batch_size=measured.rows, sequence_len=measured.length)
+    try:
+        prediction = predict(config, plan.mesh, plan.plugins)
+    except ShapeError as e:
+        raise ConfigError.single("base_model", str(e)) from None
+    print(
+        f"ktrain plan --measure: {args.config}, two steps in one process on {measured.device}, the first micro-batch "
+        f"{measured.rows} x {measured.length} tokens; {prediction.sharding}, {prediction.optimizer}"
+    )
+    print(f"  {'component':<28} {'predicted':>12} {'measured':>12}  measured / predicted")
+    s = prediction.states
+    rows = [
+        ("parameters", s.parameters, measured.parameters),
+        ("gradients", s.gradients, measured.gradients),
+        ("optimizer states", s.optimizer, measured.optimizer),
+        ("activations (saved)", prediction.activations.saved, measured.activations),
+        ("loss's log-softmax (saved)", prediction.logits // 3, measured.loss),
+    ]
+    if measured.casts:
+        rows.append(("autocast's weight copies", 0, measured.casts))
+    if measured.peak is not None:
+        rows.append(("peak (max_memory_allocated)", prediction.peak, measured.peak))
+    for name, predicted, real in rows:
+        ratio = "equal" if real == predicted else f"{real / predicted:.3f}" if predicted else "-"
+        print(f"  {name:<28} {_size(predicted):>12} {_size(real):>12}  {ratio}")
+    return 0
+
+
+def _size(n: int) -> str:
+    """``n`` bytes in the largest binary unit under which it is at least 1."""
+    for unit, scale in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
