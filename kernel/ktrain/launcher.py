@@ -166,14 +166,14 @@ def _no_message(exitcode: int) -> str:
 
 
 def quiet_agent() -> None:
-    """The elastic agent's own log (its warnings when it stops ranks) goes to no terminal: ktrain says what
-    happened in its own line. ``LOGLEVEL`` (torch elastic's variable) set by the user keeps it."""
+    """The elastic agent's and torchrun's own log (their warnings when they stop ranks) goes to no terminal:
+    ktrain says what happened in its own line. ``LOGLEVEL`` (torch elastic's variable) set by the user keeps it."""
     import logging
 
     if "LOGLEVEL" in os.environ:
         return
     for name in list(logging.Logger.manager.loggerDict):  # each module's logger has its own level set
-        if name.startswith("torch.distributed.elastic"):
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.run")):
             logging.getLogger(name).setLevel(logging.ERROR + 1)
 
 
