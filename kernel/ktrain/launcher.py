@@ -7,8 +7,12 @@ naming a failure names too.
 One rank runs in this process. More start through ``torch.distributed.run`` (the elastic launcher,
 called in process): when a rank fails, the agent stops the others, and the first failure is shown.
 With ``--max-restarts N`` (one rank too then runs under the agent) the agent starts every rank again,
-up to N times, and they resume from the latest complete checkpoint. Several machines pass
-``--nnodes``, ``--node-rank`` and ``--rdzv-endpoint``.
+up to N times, and they resume from the latest complete checkpoint. Before they start, this process
+tokenizes the datasets into their cache (``ktrain.data.preprocess.before_ranks``), so no rank waits in a
+collective while another tokenizes. The agent passes SIGINT, SIGTERM and SIGUSR1 on to the ranks
+(``ktrain.run.stop``) and waits ``STOP_TIMEOUT_S`` for a pre-empted step and its checkpoint. Several
+machines pass ``--nnodes``, ``--node-rank``, ``--rdzv-endpoint`` (and ``--rdzv-id``, ``--rdzv-timeout``);
+the first machine's launcher owns the run directory, the others join it (``join_run_dir``).
 """
 
 from __future__ import annotations

@@ -224,7 +224,7 @@ class Trainer:
         run.step = start  # 0 in a fresh run: what ktrain_on_train_start tells a resumed run by
         run.hook.ktrain_on_train_start(run=run, engine=self.engine)
         self.engine.train(True)
-        with stop.deferred():  # SIGINT/SIGTERM: every rank stops at the next step's check, a save finished first
+        with stop.deferred():  # a signal: every rank stops at the next step's check (SIGTERM, SIGUSR1: after its save)
             metrics = self._steps(start, total, data, save_every, eval_every, seq_flops, peak)
             self._export()
         run.hook.ktrain_on_train_end(run=run, engine=self.engine, metrics=metrics)
