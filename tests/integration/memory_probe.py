@@ -1,6 +1,7 @@
 """A plugin for tests/integration/test_memory_model.py: the bytes each rank holds at its first step.
 
-Storages are counted once each (a flat buffer under many views counts its whole size). Gradients are those
+Storages are counted once each (a flat buffer under many views counts its whole size), with the helpers of
+``ktrain plan --measure`` (``ktrain.memory.measure``), on every rank. Gradients are those
 of the weights the optimizer steps (under ZeRO its fp32 partitions) and of the model's parameters, read
 just before the optimizer's update; optimizer states are its state tensors (read just after it) and the
 weights it steps that are not the model's own (ZeRO's fp32 master partitions). DeepSpeed steps one
@@ -17,29 +18,7 @@ from typing import Any
 import torch
 
 from ktrain import hookimpl
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor this rank stores: ZeRO-3's partition, or a DTensor's local shard."""
-    held = getattr(t, "ds_tensor", None)
-    t = held if held is not None else t
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _storages(tensors: Any, into: dict[int, int]) -> dict[int, int]:
-    """Add the storage (address -> bytes) of each tensor to ``into``."""
-    for t in tensors:
-        if t is not None and _local(t).numel() > 0:
-            s = _local(t).untyped_storage()
-            into[s.data_ptr()] = s.nbytes()
-    return into
-
-
-def _torch_optimizer(opt: Any) -> torch.optim.Optimizer:
-    """The torch optimizer inside a wrapper (DeepSpeed's ZeRO optimizer)."""
-    while not isinstance(opt, torch.optim.Optimizer):
-        opt = opt.optimizer
-    return opt
+from ktrain.memory.measure import local_tensor, storages, torch_optimizer
 
 
 class Measure:
@@ -50,18 +29,18 @@ class Measure:
 
     @hookimpl
     def ktrain_on_train_start(self, run: Any, engine: Any) -> None:
-        optimizer = _torch_optimizer(engine.optimizer)
+        optimizer = torch_optimizer(engine.optimizer)
         self.model = engine.model
-        model = _storages(engine.model.parameters(), {})
+        model = storages(engine.model.parameters(), {})
 
         def before(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             held = [p for g in opt.param_groups for p in g["params"]]
-            _storages([p.grad for p in held] + [p.grad for p in engine.model.parameters()], self.grads)
-            _storages([p for p in held if _local(p).untyped_storage().data_ptr() not in model], self.states)
+            storages([p.grad for p in held] + [p.grad for p in engine.model.parameters()], self.grads)
+            storages([p for p in held if local_tensor(p).untyped_storage().data_ptr() not in model], self.states)
 
         def after(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             states = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
-            _storages(states, self.states)
+            storages(states, self.states)
 
         optimizer.register_step_pre_hook(before)
         optimizer.register_step_post_hook(after)
@@ -72,7 +51,7 @@ class Measure:
             return
         self.done = True
         held = {
-            "parameters": sum(_storages(self.model.parameters(), {}).values()),
+            "parameters": sum(storages(self.model.parameters(), {}).values()),
             "gradients": sum(self.grads.values()),
             "optimizer": sum(self.states.values()),
         }

@@ -51,7 +51,7 @@ class Measured:
     peak: int | None = None
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The tensor this rank stores: ZeRO-3's partition, or a DTensor's local shard."""
     held = getattr(t, "ds_tensor", None)
     t = held if held is not None else t
@@ -61,8 +61,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def storages(tensors: Iterable[torch.Tensor | None], into: dict[int, int]) -> dict[int, int]:
     """Add the storage (address -> bytes) of each non-empty tensor of ``tensors`` to ``into``; returns it."""
     for t in tensors:
-        if t is not None and _local(t).numel() > 0:
-            s = _local(t).untyped_storage()
+        if t is not None and local_tensor(t).numel() > 0:
+            s = local_tensor(t).untyped_storage()
             into[s.data_ptr()] = s.nbytes()
     return into
 
@@ -137,7 +137,7 @@ class Probe:
             if first["before"]:
                 held = [p for g in opt.param_groups for p in g["params"]]
                 storages([p.grad for p in held] + [p.grad for p in model.parameters()], self.grads)
-                mine = [p for p in held if _local(p).untyped_storage().data_ptr() not in self.model_storages]
+                mine = [p for p in held if local_tensor(p).untyped_storage().data_ptr() not in self.model_storages]
                 storages(mine, self.states)
 
         def after(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
