@@ -375,9 +375,14 @@ def measure_cli(args: argparse.Namespace) -> int:
     """``ktrain plan CONFIG --measure``: two steps of the config in one process here, and for each component the
     predicted bytes (for the measured micro-batch's rows and length) against the measured, with their ratio."""
     from ktrain.memory.measure import measure
+    from ktrain.run import outcome
 
     load_plugins_and_config(args.config, args.overrides)  # the config's own problems first, as ktrain check
-    measured = measure(args.config, args.overrides)
+    try:
+        measured = measure(args.config, args.overrides)
+    except outcome.bad_input_types() as e:  # bad data the run found: one line, as ktrain run says it
+        print(f"ktrain: {outcome.one_line(e)}", file=sys.stderr)
+        return 2
     plan = prepare(args.config, args.overrides, world_size=1)
     config = with_keys(plan.config, micro_batch_size=measured.rows, sequence_len=measured.length)
     try:

@@ -176,6 +176,7 @@ def measure(config_path: str | Path, overrides: list[str]) -> Measured:
     """Run ``STEPS`` steps of the config at ``config_path`` (with ``overrides``) in this process and count what
     its rank held. Raises ``ConfigError`` when the config cannot run as one process here."""
     from ktrain.config.plan import prepare
+    from ktrain.run import outcome
     from ktrain.run.directory import prepare_run_dir
     from ktrain.run.trainer import rank_main
 
@@ -189,8 +190,10 @@ def measure(config_path: str | Path, overrides: list[str]) -> Measured:
         try:
             with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
                 rank_main(run_dir, False, extra_plugins=(("ktrain_measure", probe),))
+        except outcome.bad_input_types():
+            raise  # said in one line by the command
         except BaseException:
-            sys.stderr.write(output.getvalue())
+            sys.stderr.write(output.getvalue())  # what the run wrote, to explain its failure
             raise
         finally:
             lock.close()
