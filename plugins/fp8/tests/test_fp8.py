@@ -20,20 +20,12 @@ import transformers
 from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError
 from ktrain.testing import dataset, ktrain, model_dir, write_config
+from ktrain.testing.assets import TINY_LLAMA
 from ktrain_fp8.plan import conversion_plan
 from ktrain_fp8.runtime import convert
 
 REPO = Path(__file__).resolve().parents[3]
-TINY = {
-    "vocab_size": 96,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "use_cache": False,
-}
+TINY = {**TINY_LLAMA, "use_cache": False}
 
 
 def _fp8_keys(**keys) -> types.SimpleNamespace:
