@@ -19,8 +19,12 @@ def _warm(step: int, warmup: int) -> float | None:
 
 
 def cosine(optimizer: Any, config: Any, total_steps: int, warmup_steps: int) -> LambdaLR:
-    """Cosine from the peak to ``cosine_min_lr_ratio`` of it (default 0)."""
+    """Cosine from the peak to ``cosine_min_lr_ratio`` of it (default 0), reached at
+    ``cosine_constant_lr_ratio`` of all steps (Axolotl's rounding down) and held from there."""
     floor = config.cosine_min_lr_ratio or 0.0
+    ratio = config.cosine_constant_lr_ratio
+    if ratio is not None:
+        total_steps = int(total_steps * ratio)
 
     def factor(step: int) -> float:
         warm = _warm(step, warmup_steps)

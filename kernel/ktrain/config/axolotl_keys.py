@@ -818,7 +818,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "optim_target_modules",
         "lr_scheduler_kwargs",
         "lr_quadratic_warmup",
-        "cosine_constant_lr_ratio",
         "lr_div_factor",
         "lr_groups",
         "adam_epsilon2",

@@ -157,6 +157,11 @@ class OptimizerKeys:
     warmup_steps: int | None = key(None, "steps of linear warm-up")
     warmup_ratio: float | None = key(None, "warm-up as a share of all steps")
     cosine_min_lr_ratio: float | None = key(None, "cosine ends at learning_rate times this (default 0)")
+    cosine_constant_lr_ratio: float | None = key(
+        None,
+        "cosine reaches its end at this share of all steps and stays there (default 1: at the last step)",
+        validator=attrs.validators.optional([attrs.validators.ge(0), attrs.validators.le(1)]),
+    )
 
 
 @attrs.define(kw_only=True)
