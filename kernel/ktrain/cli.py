@@ -91,7 +91,16 @@ def _configure_bench(p: argparse.ArgumentParser) -> None:
         help="random-token samples of log-normal lengths (sigma 1) around MEDIAN, at most MAX tokens: packed under "
         "sample_packing; the peer gets them one a row, padded to the longest of its micro-batch",
     )
-    p.add_argument("--peer", choices=["hf"], help="also time the plain Hugging Face step, first, on the same rows")
+    p.add_argument(
+        "--pairs",
+        metavar="PROMPT:ANSWER",
+        help="random-token preference pairs (rl configs): a prompt of PROMPT tokens, two answers of ANSWER",
+    )
+    p.add_argument(
+        "--peer",
+        choices=["hf", "trl"],
+        help="also time a peer, first, on the same rows: hf, the plain Hugging Face step; trl, TRL's DPOTrainer",
+    )
     p.add_argument(
         "--peer-micro-batch",
         type=int,
