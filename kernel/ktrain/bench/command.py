@@ -13,7 +13,7 @@ from typing import Any
 from ktrain.bench.measure import measure
 from ktrain.bench.ranks import RanksFailed, bench_ranks
 from ktrain.bench.report import describe_report
-from ktrain.bench.rows import Lengths
+from ktrain.bench.rows import Lengths, Pairs
 from ktrain.config.plan import Plan, load_plugins_and_config, prepare
 from ktrain.config.report import ConfigError
 from ktrain.run import distributed
@@ -51,16 +51,18 @@ def bench(
     profile_to: Path | None = None,
     lengths: Lengths | None = None,
     nproc: int | None = None,
+    pairs: Pairs | None = None,
 ) -> dict[str, Any]:
     """Time the config's step on ``nproc`` ranks (None: as many as its mesh sizes ask, else 1), and first the
     peer's (one process only); return the report ``ktrain bench`` prints."""
     with tempfile.TemporaryDirectory(prefix="ktrain-bench-") as tmp:
         run_dir = Path(tmp)
-        plan, synthetic = bench_plan(config, overrides, run_dir, synthetic or bool(lengths), world_size=nproc)
+        synthetic = synthetic or bool(lengths or pairs)
+        plan, synthetic = bench_plan(config, overrides, run_dir, synthetic, world_size=nproc)
+        _check_pairs(plan.config, peer, pairs)
         ranks = plan.mesh.world_size
-        one_process = [
-            flag for flag, given in (("--peer", peer), ("--profile", profile_to), ("--lengths", lengths)) if given
-        ]
+        given = (("--peer", peer), ("--profile", profile_to), ("--lengths", lengths), ("--pairs", pairs))
+        one_process = [flag for flag, value in given if value]
         if ranks > 1 and one_process:
             raise ConfigError.single(
                 "--nproc-per-node", f"{', '.join(one_process)} run in one process, and this run has {ranks} ranks"
@@ -74,10 +76,38 @@ def bench(
         try:
             return measure(
                 run, config, steps=steps, warmup=warmup, synthetic=synthetic, peer=peer, peer_variant=peer_variant,
-                profile_to=profile_to, lengths=lengths,
+                profile_to=profile_to, lengths=lengths, pairs=pairs,
             )  # fmt: skip
         finally:
             distributed.shutdown()
+
+
+def _check_pairs(config: Any, peer: str | None, pairs: Pairs | None) -> None:
+    """``--pairs`` goes with a preference config (``rl``) and fits ``sequence_len``; ``--peer trl`` times TRL's
+    DPOTrainer, so it needs ``rl: dpo`` and ``--pairs``."""
+    method = getattr(config, "rl", None)  # the preference plugin's key: absent when that plugin is not installed
+    if pairs and method is None:
+        raise ConfigError.single("--pairs", "times preference pairs: the config needs rl (e.g. rl: dpo)")
+    if pairs and sum(pairs) > config.sequence_len:
+        raise ConfigError.single(
+            "--pairs", f"a prompt and an answer of {sum(pairs)} tokens exceed sequence_len ({config.sequence_len})"
+        )
+    if peer == "trl" and method != "dpo":
+        raise ConfigError.single("--peer", f"trl times TRL's DPOTrainer: the config needs rl: dpo (it has {method})")
+    if peer == "trl" and not pairs:
+        raise ConfigError.single("--peer", "trl times synthetic pairs: give --pairs PROMPT:ANSWER")
+
+
+def _pairs(text: str | None, lengths: Lengths | None) -> Pairs | None:
+    """``--pairs PROMPT:ANSWER`` as two token counts (None without it)."""
+    if text is None:
+        return None
+    if lengths:
+        raise ValueError("--pairs and --lengths are two kinds of synthetic rows: give one")
+    parts = text.split(":")
+    if len(parts) != 2 or not all(part.isdigit() and int(part) >= 1 for part in parts):
+        raise ValueError(f"--pairs: expected PROMPT:ANSWER, two whole numbers of at least 1 (got {text!r})")
+    return int(parts[0]), int(parts[1])
 
 
 def _lengths(text: str | None, peer_micro: int | None) -> Lengths | None:
@@ -103,6 +133,7 @@ def bench_cli(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     try:
         lengths = _lengths(args.lengths, args.peer_micro_batch)
+        pairs = _pairs(args.pairs, lengths)
     except ValueError as e:
         print(f"ktrain: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -121,6 +152,7 @@ def bench_cli(args: argparse.Namespace) -> int:
             profile_to=args.profile,
             lengths=lengths,
             nproc=args.nproc_per_node,
+            pairs=pairs,
         )
     except RanksFailed as e:
         print(e, file=sys.stderr)

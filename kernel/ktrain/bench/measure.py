@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 import torch
 
-from ktrain.bench.rows import LENGTH_SIGMA, Lengths, padding
+from ktrain.bench.rows import LENGTH_SIGMA, Lengths, Pairs, padding
 from ktrain.bench.timing import Timed, reset_memory, run_steps
 from ktrain.bench.trainer import BenchTrainer
 from ktrain.data.pipeline import TrainData
@@ -45,8 +45,13 @@ def _side(
     }
 
 
-def _rows(synthetic: bool, lengths: Lengths | None, packed: bool) -> str:
+def _rows(synthetic: bool, lengths: Lengths | None, packed: bool, pairs: Pairs | None = None) -> str:
     """What the report says of the rows."""
+    if pairs:
+        return (
+            f"random-token preference pairs: a prompt of {pairs[0]} tokens, chosen and rejected answers of "
+            f"{pairs[1]} each, both sequences of a pair in one forward; tokens count both"
+        )
     if lengths:
         median, cap, peer_micro = lengths
         ours = "packed into rows of sequence_len" if packed else "one a row"
@@ -137,6 +142,7 @@ def measure(
     peer_variant: str = "mixed",
     profile_to: Path | None = None,
     lengths: Lengths | None = None,
+    pairs: Pairs | None = None,
 ) -> dict[str, Any]:
     """Time the run's step on this rank, all ranks together (and first the peer's, in one process only).
 
@@ -150,11 +156,21 @@ def measure(
     total = warmup + steps + (3 if profile_to else 0)
     timed_steps = range(warmup, warmup + steps)
     peak = peak_flops(run.device)
-    report = _header(config, run, _rows(synthetic, lengths, cfg.sample_packing), warmup, steps, peak)
+    report = _header(config, run, _rows(synthetic, lengths, cfg.sample_packing, pairs), warmup, steps, peak)
     pad_to = cfg.sequence_len if cfg.pad_to_sequence_len else None
     trainer = BenchTrainer(run)
-    data = trainer.load_data(synthetic, total, lengths)
-    if peer:
+    data = trainer.load_data(synthetic, total, lengths, pairs)
+    if pairs:  # a pair is two sequences, its prompt in each
+        report["tokens_per_step"] = data.train.tokens_per_step
+    if peer == "trl":
+        from ktrain.bench import trl_peer
+
+        held = reset_memory(run.device)
+        timed, flops = trl_peer.run_trl_peer(cfg, data.train, run.pad_id, run.device, run.compute_dtype, warmup, steps)
+        report["peer_setup"] = trl_peer.describe(cfg, run.compute_dtype)
+        padded = padding(data.train, timed_steps, pad_to)
+        report["peer"] = _side("peer trl: DPOTrainer", timed, flops, peak, held, padded)
+    elif peer:
         # with --lengths the peer pads each micro-batch to its longest sample, as a user's collator does
         rows, packed, peer_pad_to = (
             (trainer.peer_rows, False, None) if trainer.peer_rows else (data.train, data.train_packed, pad_to)

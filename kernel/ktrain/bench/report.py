@@ -15,7 +15,7 @@ def describe_report(report: dict[str, Any]) -> str:
     """The report as the command prints it."""
     f = report["formula"]
     tokens = report["micro_batch_size"] * report["sequence_len"] * report["gradient_accumulation_steps"]
-    tokens *= report["data_parallel"]
+    tokens = report.get("tokens_per_step") or tokens * report["data_parallel"]  # pairs: two sequences a row
     ranks = report["ranks"]
     where = report["device"] if ranks == 1 else f"{ranks} ranks of {report['device']} ({report['mesh']})"
     peak = f"{report['peak_tflops']:g} TFLOP/s" if report["peak_tflops"] else None
@@ -48,6 +48,8 @@ def describe_report(report: dict[str, Any]) -> str:
             f"{split['optimizer'] * 1e3:>9.1f} {side['first_loss']:>7.3f} {side['padding']:>7.1%}"
         )
     lines.append("tokens/s counts the samples' tokens; padding is the share of the computed positions that are padding")
+    if report.get("peer_setup"):
+        lines.append(f"peer: {report['peer_setup']}")
     if report.get("fp8_peak_tflops"):
         lines.append(
             f"fp8: MFU {report['ktrain']['mfu_fp8_peak']:.1%} against the dense FP8 peak "

@@ -15,6 +15,7 @@ import numpy as np
 from ktrain.config.report import ConfigError
 from ktrain.data.batches import row_tokens
 from ktrain.data.examples import Example
+from ktrain.data.formats import IGNORE
 from ktrain.data.packing import pack
 from ktrain.data.stream import StreamRows
 
@@ -23,6 +24,8 @@ LENGTH_SIGMA = 1.0
 MIN_LENGTH = 2
 Lengths = tuple[int, int, int]
 """``--lengths``: the median and the longest sample, and the peer's micro batch."""
+Pairs = tuple[int, int]
+"""``--pairs``: the tokens of each pair's prompt and of each of its two answers."""
 
 
 class SyntheticRows:
@@ -43,6 +46,45 @@ class SyntheticRows:
 
     def step(self, step: int) -> list[list[list[list[Example]]]]:
         return self.batches[step % 2]
+
+
+class PairRows:
+    """Random-token preference pairs of stated lengths: each sample is a pair as a preference format writes it,
+    ``prompt + chosen + prompt + rejected`` with only the answers labelled, one sample a row; two global batches
+    used in turn, as ``SyntheticRows``. ``columns`` gives the same pairs as TRL's tokenized columns."""
+
+    dp_size = 1
+
+    def __init__(self, vocab_size: int, config: Any, prompt: int, answer: int):
+        micro, accum = config.micro_batch_size, config.gradient_accumulation_steps
+        rng = np.random.default_rng(config.seed)
+        self.pairs = [
+            [rng.integers(0, vocab_size, size=n, dtype=np.int64).tolist() for n in (prompt, answer, answer)]
+            for _ in range(2 * micro * accum)
+        ]
+        samples = [self._sample(p, c, r) for p, c, r in self.pairs]
+        self.batches = [
+            [[[[samples[(b * accum + k) * micro + m]] for m in range(micro)] for k in range(accum)]] for b in range(2)
+        ]
+        self.rows_per_step = micro * accum
+        self.tokens_per_step = self.rows_per_step * 2 * (prompt + answer)
+        self.steps_per_epoch = 2
+        self.n = 2 * self.rows_per_step
+
+    @staticmethod
+    def _sample(prompt: list[int], chosen: list[int], rejected: list[int]) -> Example:
+        ignored = [IGNORE] * len(prompt)
+        return Example(prompt + chosen + prompt + rejected, ignored + chosen + ignored + rejected)
+
+    def step(self, step: int) -> list[list[list[list[Example]]]]:
+        return self.batches[step % 2]
+
+    def columns(self, steps: int) -> dict[str, list[list[int]]]:
+        """The pairs of ``steps`` steps as TRL's ``prompt_ids``, ``chosen_ids`` and ``rejected_ids``."""
+        per_step = self.rows_per_step
+        picked = [self.pairs[(i % 2) * per_step + k] for i in range(steps) for k in range(per_step)]
+        names = ("prompt_ids", "chosen_ids", "rejected_ids")
+        return {name: [pair[j] for pair in picked] for j, name in enumerate(names)}
 
 
 class FetchedRows:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ktrain.bench.rows import FetchedRows, Lengths, SampleRows, SyntheticRows, variable_length_rows
+from ktrain.bench.rows import FetchedRows, Lengths, PairRows, Pairs, SampleRows, SyntheticRows, variable_length_rows
 from ktrain.bench.timing import Timeline
 from ktrain.config.report import ConfigError
 from ktrain.data import pipeline, templates
@@ -50,15 +50,19 @@ class BenchTrainer(Trainer):
         self.timeline = Timeline(run.device)
         self.peer_rows: SampleRows | None = None
 
-    def load_data(self, synthetic: bool, steps: int, lengths: Lengths | None = None) -> TrainData:
-        """Synthetic rows (of ``lengths`` when given, the peer's then in ``self.peer_rows``), or the config's data
-        (for ``steps`` steps) through the tokenizer and the data pipeline."""
+    def load_data(
+        self, synthetic: bool, steps: int, lengths: Lengths | None = None, pairs: Pairs | None = None
+    ) -> TrainData:
+        """Synthetic rows (of ``lengths`` when given, the peer's then in ``self.peer_rows``; preference pairs of
+        ``pairs``' lengths), or the config's data (for ``steps`` steps) through the tokenizer and the data pipeline."""
         run, config = self.run, self.config
-        if synthetic or lengths:
+        if synthetic or lengths or pairs:
             import transformers
 
             source = config.base_model_config or config.base_model
             vocab = transformers.AutoConfig.from_pretrained(source, trust_remote_code=config.trust_remote_code)
+            if pairs:
+                return TrainData(PairRows(vocab.vocab_size, config, *pairs), [], False, False, [])
             if lengths:
                 ours, self.peer_rows = variable_length_rows(vocab.vocab_size, config, *lengths, steps=steps)
                 return TrainData(ours, [], config.sample_packing, False, [])
