@@ -1,7 +1,7 @@
 """Several machines on loopback: two ``ktrain run --nnodes 2 --node-rank {0,1} --rdzv-endpoint 127.0.0.1:PORT``
-launchers (one rank each, gloo, one output_dir as on a shared filesystem) form one run whose losses equal one
-process's, under DDP, FSDP2 and ZeRO-3; killing one machine ends the other within a bounded time, naming the
-failure; a long tokenization never trips the collectives' timeout."""
+launchers (gloo, one output_dir as on a shared filesystem; two ranks each under DDP, one each under FSDP2 and
+ZeRO-3) form one run whose losses equal one process's; killing one machine ends the other within a bounded
+time, naming the failure; a long tokenization never trips the collectives' timeout."""
 
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ from tests.kit import REPO
 
 STEPS = 3
 RTOL = 1e-5  # fp32: the same global batch of 8 rows, its gradients summed in another order
+# sharding -> (ranks a machine, keys): the global batch stays 8 rows (micro-batches of 2 on 4 ranks, of 4 on 2)
 SHARDINGS = {
-    "ddp": {},
-    "fsdp2": {"fsdp_version": 2},
-    "zero3": {"deepspeed": str(REPO / "tests" / "fixtures" / "deepspeed" / "zero3.json")},
+    "ddp": (2, {"micro_batch_size": 2}),
+    "fsdp2": (1, {"fsdp_version": 2}),
+    "zero3": (1, {"deepspeed": str(REPO / "tests" / "fixtures" / "deepspeed" / "zero3.json")}),
 }
 
 
@@ -57,13 +58,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _machines(config: Path, log: Path, env: dict[str, str] | None = None) -> list[subprocess.Popen]:
-    """Both machines' launchers, their output in ``LOG.node-N``."""
+def _machines(config: Path, log: Path, env: dict[str, str] | None = None, ranks: int = 1) -> list[subprocess.Popen]:
+    """Both machines' launchers, ``ranks`` ranks each, their output in ``LOG.node-N``."""
     port = _free_port()
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "KTRAIN_PG_TIMEOUT_S": "60", **(env or {})}
     started = []
     for node in (0, 1):
-        args = ["run", str(config), "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1"]
+        args = ["run", str(config), "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", str(ranks)]
         args += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "loopback", "--rdzv-timeout", "120"]
         with open(f"{log}.node-{node}", "w") as out:
             started.append(
@@ -81,14 +82,14 @@ def _machines(config: Path, log: Path, env: dict[str, str] | None = None) -> lis
 def test_two_machines_form_one_run_equal_to_one_process(
     root: Path, one_process: dict[int, float], sharding: str
 ) -> None:
-    out = root / sharding
+    out, (ranks, keys) = root / sharding, SHARDINGS[sharding]
     config = write_config(
-        root, f"{sharding}.yaml", random_init_weights=False, max_steps=STEPS, output_dir=str(out), **SHARDINGS[sharding]
+        root, f"{sharding}.yaml", random_init_weights=False, max_steps=STEPS, output_dir=str(out), **keys
     )
-    codes = [p.wait(timeout=300) for p in _machines(config, root / sharding)]
+    codes = [p.wait(timeout=300) for p in _machines(config, root / sharding, ranks=ranks)]
     logs = [Path(f"{root / sharding}.node-{node}").read_text() for node in (0, 1)]
     assert codes == [0, 0], logs
-    assert "= 2 ranks" in logs[0]
+    assert f"= {2 * ranks} ranks" in logs[0]
     losses = read_metrics(out)
     assert losses.keys() == one_process.keys() == set(range(1, STEPS + 1))
     for step, loss in one_process.items():
