@@ -2,23 +2,23 @@
 # DPO on the H200 (device tool): `ktrain bench` of the 1.5B Llama shape's DPO configs, full fine-tuning and LoRA,
 # beside TRL's DPOTrainer on the same pairs. Reports land in $OUT/b; docs/performance.md ("DPO beside TRL") quotes them.
 #   run: bash tools/device/dpo_bench.sh   (carry .device/dpo_whl: the wheels of pluggy, attrs, cattrs, liger-kernel
-#   and ruamel.yaml for ktrain; for the peer trl 1.16.0 and its pure-Python dependencies: datasets 4.8.5 (the newest
+#   and ruamel.yaml for ktrain, bitsandbytes for the lora plugin (it requires it even without a quantized base); for the peer trl 1.16.0 and its pure-Python dependencies: datasets 4.8.5 (the newest
 #   release that takes the huggingface-hub 1.x of transformers 5.17), dill, multiprocess, xxhash, fsspec 2026.2.0,
-#   pandas and the like, made here with `pip download --no-deps --only-binary=:all: --python-version 3.12
+#   and the like (the device has pandas, pyarrow, requests, aiohttp: their wheels are left out), made here with `pip download --no-deps --only-binary=:all: --python-version 3.12
 #   --platform manylinux_2_28_x86_64 -d .device/dpo_whl trl==1.16.0 datasets==4.8.5 fsspec==2026.2.0 ...`;
 #   pip installs, offline, only those the device lacks)
 # WHEELS (the folder of wheels), CONFIGS (names under configs/bench/), PAIRS (PROMPT:ANSWER), BENCH_ARGS,
-# BENCH_TIMEOUT (s) choose what runs.
+# BENCH_TIMEOUT (s) and PROFILE (a config name: profile its ktrain side, no peer) choose what runs.
 set -u
 W=${WHEELS:-.device/dpo_whl}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  "$W"/pluggy-*.whl "$W"/attrs-*.whl "$W"/cattrs-*.whl "$W"/ruamel_yaml-*.whl "$W"/liger_kernel-*.whl
+  "$W"/pluggy-*.whl "$W"/attrs-*.whl "$W"/cattrs-*.whl "$W"/ruamel_yaml-*.whl "$W"/liger_kernel-*.whl "$W"/bitsandbytes-*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s " plugins/*/) > /tmp/pip.txt 2>&1 || tail -5 /tmp/pip.txt
 python3 -m pip install --no-index --find-links "$W" --no-cache-dir trl==1.16.0 > /tmp/trl.txt 2>&1; echo "trl install rc=$?"
 grep -E "^(Successfully|ERROR)" /tmp/trl.txt | cut -c1-600
 if ! python -c "import trl, datasets" 2>/dev/null; then  # the resolver refused (an older package there): no deps
-  for w in trl datasets dill multiprocess xxhash fsspec pandas; do
+  for w in trl datasets dill multiprocess xxhash fsspec; do
     python -c "import $w" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site "$W"/$w-*.whl
   done
 fi
@@ -31,3 +31,8 @@ for c in ${CONFIGS:-llama_1p5b_dpo llama_1p5b_dpo_lora}; do
   rc=$?; echo "$(date +%T) $c rc=$rc"; tr '\r' '\n' < "$OUT/b/$c.txt" | grep -E "^(ktrain|peer|device while|rows)" | cut -c1-300
   [ $rc -eq 0 ] || tail -4 "$OUT/b/$c.txt" | cut -c1-400
 done
+if [ -n "${PROFILE:-}" ]; then  # where the ktrain side's time goes: the top kernels of 3 profiled steps of $PROFILE
+  timeout ${BENCH_TIMEOUT:-230} ktrain bench "configs/bench/$PROFILE.yaml" --pairs ${PAIRS:-512:512} --warmup 3 --steps 3 \
+    --profile "$OUT/b/profile_$PROFILE.txt" > "$OUT/b/profile_$PROFILE.log" 2>&1
+  rc=$?; echo "$(date +%T) profile $PROFILE rc=$rc"; head -25 "$OUT/b/profile_$PROFILE.txt" | cut -c1-200
+fi

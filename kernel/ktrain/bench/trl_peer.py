@@ -78,7 +78,6 @@ def run_trl_peer(
 
     torch.manual_seed(config.seed)
     model = build_model(config, device, "mixed")
-    flops = flops_per_token(model, config.sequence_len)
     lora = _lora_config(config)
     reference = None if lora else copy.deepcopy(model)
     timeline = Timeline(device)
@@ -145,6 +144,7 @@ def run_trl_peer(
             peft_config=lora,
             callbacks=[Marks()],
         )
+        flops = flops_per_token(trainer.model, config.sequence_len)  # after TRL made the peft model: frozen weights
         trainer.train()
         first = next(entry["loss"] for entry in trainer.state.log_history if "loss" in entry)
         last = float(trainer.state.log_history[-1].get("train_loss", math.nan))
