@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # DPO on the H200 (device tool): `ktrain bench` of the 1.5B Llama shape's DPO configs, full fine-tuning and LoRA,
-# beside TRL's DPOTrainer on the same pairs. Reports land in $OUT/b; docs/performance.md ("DPO beside TRL") quotes them.
-#   run: bash tools/device/dpo_bench.sh   (carry .device/dpo_whl: the wheels of pluggy, attrs, cattrs, liger-kernel
-#   and ruamel.yaml for ktrain, bitsandbytes for the lora plugin (it requires it even without a quantized base); for the peer trl 1.16.0 and its pure-Python dependencies: datasets 4.8.5 (the newest
-#   release that takes the huggingface-hub 1.x of transformers 5.17), dill, multiprocess, xxhash, fsspec 2026.2.0,
-#   and the like (the device has pandas, pyarrow, requests, aiohttp: their wheels are left out), made here with `pip download --no-deps --only-binary=:all: --python-version 3.12
-#   --platform manylinux_2_28_x86_64 -d .device/dpo_whl trl==1.16.0 datasets==4.8.5 fsspec==2026.2.0 ...`;
-#   pip installs, offline, only those the device lacks)
+# beside TRL's DPOTrainer on the same pairs. Reports land in $OUT/b; docs/performance.md ("DPO beside TRL's
+# DPOTrainer") quotes them.
+#   run: bash tools/device/dpo_bench.sh   (carry .device/dpo_whl: the wheels of pluggy, attrs, cattrs,
+#   liger-kernel and ruamel.yaml for ktrain, bitsandbytes for the lora plugin (it requires it even without a
+#   quantized base); for the peer trl 1.16.0 and what the device lacks of its pure-Python dependencies:
+#   datasets 4.8.5 (the newest release that takes the huggingface-hub 1.x of transformers 5.17), dill,
+#   multiprocess, xxhash, fsspec 2026.2.0 and the like (the device has pandas, pyarrow, requests, aiohttp),
+#   made here with `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
+#   manylinux_2_28_x86_64 -d .device/dpo_whl trl==1.16.0 datasets==4.8.5 fsspec==2026.2.0 ...`; pip installs,
+#   offline, only those the device lacks)
 # WHEELS (the folder of wheels), CONFIGS (names under configs/bench/), PAIRS (PROMPT:ANSWER), BENCH_ARGS,
 # BENCH_TIMEOUT (s) and PROFILE (a config name: profile its ktrain side, no peer) choose what runs.
 set -u

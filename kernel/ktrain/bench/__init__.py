@@ -16,6 +16,10 @@ with ``--lengths MEDIAN:MAX`` random-token samples of log-normal lengths, packed
 (``--peer-micro-batch``): tokens/s then counts real tokens, not padding; otherwise the config's data,
 tokenized into the temporary run directory (or ``dataset_prepared_path``).
 
+With ``--pairs PROMPT:ANSWER`` (a preference config, ``rl``) the rows are random-token pairs, each a prompt
+and two answers in the sample layout of a preference format (``rows.PairRows``); ``--peer trl`` then times
+TRL's ``DPOTrainer`` on the same pairs first (``trl_peer``; trl is imported only then).
+
 With ``--peer hf`` the plain Hugging Face step (``peer``) runs first, on the same rows, and is freed
 before the ktrain side is built: it runs first because plugins such as Liger patch the architecture's
 modules for the whole process. Each side's peak memory is the GPU's peak allocation from the start of
