@@ -769,10 +769,9 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     ),
     "offloading activations is written gradient_checkpointing: offload in ktrain": ("layer_offloading",),
     "this LoRA variant or setting is not supported by ktrain-plugin-lora (adapter, lora_r, lora_alpha, "
-    "lora_dropout, lora_target_modules, lora_target_linear, lora_modules_to_save, peft_use_dora, "
-    "peft_use_rslora are)": (
+    "lora_dropout, lora_target_modules, lora_target_linear, lora_target_parameters, lora_modules_to_save, "
+    "peft_use_dora, peft_use_rslora are)": (
         "lora_fan_in_fan_out",
-        "lora_target_parameters",
         "lora_rank_pattern",
         "lora_alpha_pattern",
         "peft_layers_to_transform",

@@ -48,10 +48,37 @@ def lora_config(model: torch.nn.Module, config: Any) -> peft.LoraConfig:
         lora_alpha=config.lora_alpha,
         lora_dropout=config.lora_dropout,
         target_modules=target_modules(model, config),
+        target_parameters=config.lora_target_parameters,
         modules_to_save=config.lora_modules_to_save,
         use_dora=config.peft_use_dora,
         use_rslora=config.peft_use_rslora,
     )
+
+
+def _plain_parameters(model: torch.nn.Module) -> list[str]:
+    """Last two name parts of the matrices held outside linear and embedding layers (what target_parameters
+    is for), e.g. ``experts.gate_up_proj``."""
+    layers = (torch.nn.Linear, torch.nn.Embedding)
+    found = {
+        ".".join(f"{module}.{name}".rsplit(".", 2)[-2:])
+        for module, m in model.named_modules()
+        if not isinstance(m, layers)
+        for name, p in m.named_parameters(recurse=False)
+        if p.dim() >= 2
+    }
+    return sorted(found)
+
+
+def _check_target_parameters(model: torch.nn.Module, config: Any) -> None:
+    """Every name in ``lora_target_parameters`` ends the name of a parameter (peft only warns when none does)."""
+    names = [name for name, _ in model.named_parameters()]
+    for wanted in config.lora_target_parameters or ():
+        if not any(name == wanted or name.endswith(f".{wanted}") for name in names):
+            plain = ", ".join(_plain_parameters(model)) or "none"
+            raise ConfigError.single(
+                "lora_target_parameters",
+                f"{wanted!r} ends the name of no parameter of this model; its matrices outside linear layers: {plain}",
+            )
 
 
 def _target_key(config: Any) -> str:
@@ -67,6 +94,7 @@ def attach(model: torch.nn.Module, config: Any) -> peft.PeftModel:
     if config.lora_model_dir:
         wrapped = peft.PeftModel.from_pretrained(model, config.lora_model_dir, is_trainable=True)
     else:
+        _check_target_parameters(model, config)
         try:
             wrapped = peft.get_peft_model(model, lora_config(model, config))
         except ValueError as e:

@@ -45,6 +45,11 @@ class LoraKeys:
         None, "names of the modules to adapt, or one regex (default: peft's choice for the architecture)"
     )
     lora_target_linear: bool = key(False, "adapt every linear layer except the output layer")
+    lora_target_parameters: list[str] | None = key(
+        None,
+        "parameters to adapt that are not linear layers, e.g. [mlp.experts.gate_up_proj] (the fused weights of "
+        "mixture-of-experts layers): peft's target_parameters, matched by the end of the parameter's name",
+    )
     lora_modules_to_save: list[str] | None = key(
         None, "modules trained in full beside the adapter, e.g. [embed_tokens, lm_head] after adding tokens"
     )
@@ -60,6 +65,7 @@ SHAPE_KEYS = (
     "lora_dropout",
     "lora_target_modules",
     "lora_target_linear",
+    "lora_target_parameters",
     "lora_modules_to_save",
     "peft_use_dora",
     "peft_use_rslora",
