@@ -19,6 +19,7 @@ from ktrain.config.activation import discover
 from ktrain.config.axolotl import HANDLED_HERE, _attrs_class, check_plugins, classify
 from ktrain.config.axolotl_keys import (
     ACCEPTED,
+    ACCEPTED_INTEGRATIONS,
     AXOLOTL_VERSION,
     DATASET_ITEM,
     FSDP_CONFIG,
@@ -184,6 +185,22 @@ def test_plugins_list() -> None:
     assert found["plugins[4]"][0] == "error" and "neither an Axolotl integration" in found["plugins[4]"][1]
 
 
+def test_moe_kernels_that_compute_the_same_experts_are_accepted_and_those_changing_them_refused() -> None:
+    report = Report()
+    check_plugins(["axolotl.integrations.kernels.KernelsPlugin"], report, installed=set())
+    assert [(p.severity, p.message) for p in report.problems] == [
+        (
+            "warning",
+            "axolotl.integrations.kernels.KernelsPlugin: accepted, no effect in ktrain: "
+            + ACCEPTED_INTEGRATIONS["kernels"],
+        )
+    ]
+    for key in ("use_kernels", "use_scattermoe", "use_sonicmoe", "expert_backend", "experts_implementation"):
+        assert classify(key)[0] == "accepted", key
+    for key in ("llama4_linearized_experts", "quantize_moe_experts", "use_dsv4_kernels", "expert_parallel_size"):
+        assert classify(key)[0] == "unsupported", key
+
+
 def test_classify_names_nested_keys_by_prefix() -> None:
     assert classify("trl.beta")[0] == "unsupported"
     assert classify("fsdp_config.use_orig_params")[0] == "accepted"
@@ -229,6 +246,8 @@ def axolotl_reference() -> str:
             f"`axolotl.integrations.{module}`: " + (f"{dist} does this job" if dist else f"{what}, no equivalent")
             for module, (dist, what) in INTEGRATIONS.items()
         )
+        + "; "
+        + "; ".join(f"`axolotl.integrations.{name}`: accepted, {what}" for name, what in ACCEPTED_INTEGRATIONS.items())
         + ".",
     ]
     return "\n".join(out) + "\n"

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from ktrain.config.axolotl_keys import ACCEPTED, INTEGRATIONS, OPTIMIZER_PLUGINS, UNSUPPORTED
+from ktrain.config.axolotl_keys import ACCEPTED, ACCEPTED_INTEGRATIONS, INTEGRATIONS, OPTIMIZER_PLUGINS, UNSUPPORTED
 from ktrain.config.install import install_command
 from ktrain.config.keys import PLUGIN_KEYS
 from ktrain.config.report import Report
@@ -187,7 +187,8 @@ def _judge(path: str, value: Any, verdict: tuple[str, str], report: Report) -> N
 def check_plugins(value: Any, report: Report, installed: set[str]) -> None:
     """``plugins:``: Axolotl integration paths and ktrain distribution names. An integration whose job a
     ktrain plugin does is named with that plugin (refused with the install command when it is not
-    installed); one with no ktrain equivalent is refused by name; so is a ktrain plugin not installed."""
+    installed); one that only makes keys available (``ACCEPTED_INTEGRATIONS``) is accepted with a note; one
+    with no ktrain equivalent is refused by name; so is a ktrain plugin not installed."""
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         report.error("plugins", "expected a list of Axolotl integration paths or ktrain plugin distribution names")
         return
@@ -195,6 +196,9 @@ def check_plugins(value: Any, report: Report, installed: set[str]) -> None:
         path = f"plugins[{i}]"
         if entry.startswith(INTEGRATION_PREFIX):
             module = entry.removeprefix(INTEGRATION_PREFIX).split(".")[0]
+            if module in ACCEPTED_INTEGRATIONS:
+                report.warn(path, f"{entry}: accepted, no effect in ktrain: {ACCEPTED_INTEGRATIONS[module]}")
+                continue
             dist, what = INTEGRATIONS.get(module, (None, f"the Axolotl integration '{module}'"))
             if dist is None:
                 report.error(path, f"{entry}: {what} has no ktrain equivalent; leave it out")

@@ -698,6 +698,13 @@ ACCEPTED: dict[str, tuple[str, ...]] = {
         "flash_attn_fuse_mlp",
         "flash_attn_cross_entropy",
     ),
+    "ScatterMoE, SonicMoE and transformers' batched or grouped matmuls compute the same experts (the same routing, "
+    "weights and adapters) faster; ktrain runs the experts with transformers' default implementation": (
+        "use_scattermoe",
+        "use_sonicmoe",
+        "expert_backend",
+        "experts_implementation",
+    ),
     "ktrain's weights are fp32 unless bf16/bfloat16/fp16 say otherwise": ("float32",),
     "ktrain keeps the original parameters under FSDP2": ("fsdp_config.use_orig_params",),
     "FSDP2 with cpu_ram_efficient_loading sends rank 0's weights to the other ranks": (
@@ -922,17 +929,15 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "scaling_softmax_bias",
         "flex_attn_compile_kwargs",
     ),
-    "mixture-of-experts kernels and expert parallelism are not supported; experts run as the model's own modules": (
-        "experts_implementation",
+    "these mixture-of-experts options change the experts' weights, their layout or numerics, or spread the experts "
+    "over ranks, which ktrain does not support; leave them out to train the model's own experts in full precision "
+    "(use_scattermoe and use_sonicmoe are accepted)": (
         "quantize_moe_experts",
         "llama4_linearized_experts",
         "dense_mixer",
-        "expert_backend",
         "moe_grouped_backend",
         "moe_dequant_chunk_size",
         "moe_bnb_fast",
-        "use_scattermoe",
-        "use_sonicmoe",
         "use_dsv4_kernels",
         "use_glm_dsa_kernels",
         "dsv4_shared_mlp_lora_kernel",
@@ -1109,7 +1114,6 @@ OPTIMIZER_PLUGINS: dict[str, tuple[str, ...]] = {
 INTEGRATIONS: dict[str, tuple[str | None, str]] = {
     "liger": ("ktrain-plugin-liger", "Liger's fused kernels"),
     "cut_cross_entropy": ("ktrain-plugin-fused-loss", "a loss computed without the full logits"),
-    "kernels": (None, "Axolotl's mixture-of-experts kernels"),
     "swanlab": (None, "logging to SwanLab (ktrain logs to W&B, MLflow or TensorBoard with their plugins)"),
     "expert_parallel": (None, "expert parallelism"),
     "diffusion": (None, "diffusion language model training"),
@@ -1122,4 +1126,9 @@ INTEGRATIONS: dict[str, tuple[str | None, str]] = {
     "mora": (None, "MoRA adapters"),
     "hatchery": (None, "training through the Tinker service"),
     "nemo_gym": (None, "RL environments of NeMo Gym"),
+}
+
+# Axolotl's integrations that only make keys available which ktrain judges one by one: accepted with a note.
+ACCEPTED_INTEGRATIONS: dict[str, str] = {
+    "kernels": "Axolotl's mixture-of-experts kernels (KernelsPlugin); each of its keys is accepted or refused alone",
 }
