@@ -38,6 +38,7 @@ def _qlora(root: Path) -> torch.nn.Module:
         lora_alpha=16,
         lora_dropout=0.0,
         lora_target_modules=None,
+        lora_target_parameters=None,
         lora_target_linear=True,
         lora_modules_to_save=None,
         peft_use_dora=False,
