@@ -232,6 +232,7 @@ def _slurm(args: argparse.Namespace) -> int:
 def _configure_slurm(p: argparse.ArgumentParser) -> None:
     from ktrain.commands.slurm import configure
 
+    _add_config_args(p)
     configure(p)
 
 

@@ -28,8 +28,8 @@ REQUEUE_EXIT_CODES = tuple(128 + signum for signum in SAVING)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    """The options of ``ktrain slurm``."""
-    p.add_argument("config", help="YAML run config")
+    """The options of ``ktrain slurm`` beside the config and its ``--set`` overrides (which cli.py adds, as for every
+    command taking a config; the overrides go into the check and into the script's ``ktrain run``)."""
     p.add_argument("--nodes", type=int, required=True, help="nodes of the job")
     p.add_argument("--gpus-per-node", type=int, required=True, help="GPUs of each node (0 for CPU nodes)")
     p.add_argument("--nproc-per-node", type=int, help="ranks on each node (default: --gpus-per-node)")
@@ -39,14 +39,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--account", help="account to charge")
     p.add_argument("--job-name", help="job name (default: the config's file name)")
     p.add_argument("--script", type=Path, help="where to write the script (default: ./NAME.sbatch)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a key, in the check and in the script's ktrain run",
-    )
     p.add_argument("--submit", action="store_true", help="then submit it with sbatch")
 
 
