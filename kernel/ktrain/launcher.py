@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ktrain.commands.plan import say_memory
-from ktrain.config import cluster
+from ktrain.config import cluster, fast_defaults
 from ktrain.config.plan import Plan, prepare
 from ktrain.config.report import ConfigError
 from ktrain.run.directory import Before, prepare_run_dir
@@ -73,6 +73,8 @@ def launch(args: argparse.Namespace) -> int:
         print(f"ktrain: {kept[1]}", flush=True)
     for problem in plan.warnings:
         print(f"ktrain: warning: {problem}", file=sys.stderr)
+    for choice in fast_defaults.applied(plan.config):
+        print(f"ktrain: {choice.line()}", flush=True)
     say_memory(plan, args)  # the predicted peak per rank, on GPUs
     before = Before(plan)
     run_dir, lock = prepare_run_dir(plan, args.resume, args.overwrite, args.node_rank)

@@ -7,6 +7,7 @@ import inspect
 import attrs
 
 from ktrain import hookspecs
+from ktrain.config import fast_defaults
 from ktrain.config.model import Config
 from ktrain.config.paths import hub_datasets, hub_models
 from ktrain.config.plan import Plan
@@ -44,9 +45,19 @@ def describe_plan(plan: Plan, every_key: bool = False) -> str:
         keys = f"; enabled by {', '.join(act.keys)}" if act.keys else ""
         lines.append(f"  {roles}: {who}{keys}")
     lines += ["", f"mesh: {plan.mesh.describe()}"]
+    lines += _describe_fast_defaults(config)
     for problem in plan.warnings:
         lines.append(f"warning: {problem}")
     return "\n".join(lines)
+
+
+def _describe_fast_defaults(config: Config) -> list[str]:
+    """The keys a GPU run of ``config`` sets to its fast defaults (``ktrain.config.fast_defaults``), one a line."""
+    choices = fast_defaults.applied(config) or fast_defaults.pending(config)
+    if not choices:
+        return ["", "fast defaults on a GPU: none (every fast path is written, switched off, or does not apply)"]
+    lines = ["", "fast defaults on a GPU (a CPU run keeps the keys as written):"]
+    return lines + [f"  {choice.line()}" for choice in choices]
 
 
 def describe_keys(config: Config, names: dict[str, list[str]]) -> str:

@@ -10,12 +10,16 @@ from typing import Any, Literal
 
 import attrs
 
+from ktrain.config.fast_defaults import FP32_MASTERS
 
-def key(default: Any, help: str, **kw: Any) -> Any:
-    """An attrs field with a default and a help text."""
+
+def key(default: Any, help: str, gpu_default: Any = None, **kw: Any) -> Any:
+    """An attrs field with a default and a help text; ``gpu_default``, a ``ktrain.config.fast_defaults.GpuDefault``:
+    its value on a GPU where the config does not write it."""
+    metadata = {"help": help, "gpu_default": gpu_default}
     if isinstance(default, (list, dict)):
-        return attrs.field(factory=type(default), metadata={"help": help}, **kw)
-    return attrs.field(default=default, metadata={"help": help}, **kw)
+        return attrs.field(factory=type(default), metadata=metadata, **kw)
+    return attrs.field(default=default, metadata=metadata, **kw)
 
 
 @attrs.define(kw_only=True)
@@ -174,6 +178,7 @@ class PrecisionKeys:
         False,
         "pure bf16: weights, gradients and optimizer states in bf16, computing in bf16 (8 bytes a parameter "
         "under AdamW instead of 16; updates below bf16's precision are lost). An adapter's own weights stay fp32",
+        gpu_default=FP32_MASTERS,
     )
     fp16: bool = key(False, "compute in fp16 with loss scaling")
     tf32: bool = key(False, "allow TF32 matmuls on Ampere and newer")

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+from ktrain.config import fast_defaults
 from ktrain.config.activation import activate, discover
 from ktrain.config.axolotl import missing_optimizer
 from ktrain.config.install import install_command
@@ -66,14 +67,16 @@ def prepare(
     """Load, activate and check everything for a run of ``world_size`` ranks (None: what the mesh asks).
 
     ``device`` is the device type the ranks will use (``ktrain run`` passes it; None where it is not
-    known; ``capability`` the GPUs' lowest compute capability): with it, or with ``world_size``, plugins'
-    checks get a ``Launch`` (``planned``: no rank will start from it, see ``Launch``). The problems of every
-    stage are reported together: unknown keys are left out and refused values hold their defaults, and a
-    role claimed twice or a plugin's missing requirement is recorded (the second claimant left out) while
-    the plugins' checks, the registries and the mesh are checked. Raises ``PluginError`` when the plugins'
+    known; ``capability`` the GPUs' lowest compute capability): on ``cuda`` the keys' GPU defaults are
+    resolved (``ktrain.config.fast_defaults``); with it, or with ``world_size``, plugins' checks get a
+    ``Launch`` (``planned``: no rank will start from it, see ``Launch``). The problems of every stage are
+    reported together: unknown keys are left out and refused values hold their defaults, and a role claimed
+    twice or a plugin's missing requirement is recorded (the second claimant left out) while the plugins'
+    checks, the registries and the mesh are checked. Raises ``PluginError`` when the plugins'
     activation is all that is wrong, ``ConfigError`` with every problem otherwise.
     """
     plugins, config, report, refused = _read(path, list(overrides), extra_plugins)
+    config = fast_defaults.resolve(config, device, capability)  # on a GPU, before the plugins decide from it
     activation_problems = activate(plugins, config, with_defaults=with_defaults)
     for key, message in activation_problems:
         report.error(key, message)

@@ -9,11 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ktrain import hookimpl
-from ktrain_compile.keys import MODES, CompileKeys
-
-# mesh sizes (the kernel's two, the parallel plugin's Ulysses degree) under which compiled blocks are refused:
-# with tensor_parallel_size 2 the compiled blocks' gradients differed from eager ones (docs: plugins/compile)
-PARALLEL_SIZES = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree")
+from ktrain_compile.keys import MODES, PARALLEL_SIZES, CompileKeys
 
 
 @hookimpl

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
+from ktrain.config.fast_defaults import GpuDefault
 from ktrain.config.keys import key
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 """The modes of torch.compile that ``torch_compile_mode`` accepts."""
+
+PARALLEL_SIZES = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree")
+"""Mesh sizes (the kernel's two, the parallel plugin's Ulysses degree) under which compiled blocks are refused:
+with tensor_parallel_size 2 the compiled blocks' gradients differed from eager ones (docs: plugins/compile)."""
+
+
+def _compile_unless(config: Any, capability: tuple[int, int] | None) -> str | None:
+    """Why compiled blocks are not the fast default of ``config`` (None: they are)."""
+    if any(getattr(config, name, None) not in (None, 1) for name in PARALLEL_SIZES):
+        return "a parallel size other than 1"
+    if getattr(config, "load_in_4bit", False) or getattr(config, "load_in_8bit", False):
+        return "a quantized base"
+    if getattr(config, "adapter", None) == "qlora" or getattr(config, "qlora", False):
+        return "a quantized base"
+    return None
 
 
 @attrs.define(kw_only=True)
@@ -15,7 +33,13 @@ class CompileKeys:
     """torch.compile of each transformer block: pointwise work fused into fewer kernels."""
 
     torch_compile: bool = key(
-        False, "compile each transformer block's forward with torch.compile (the blocks' hooks stay eager)"
+        False,
+        "compile each transformer block's forward with torch.compile (the blocks' hooks stay eager)",
+        gpu_default=GpuDefault(
+            True,
+            "the blocks' pointwise work fused into fewer kernels: the same computation, rounded differently",
+            unless=_compile_unless,
+        ),
     )
     torch_compile_backend: str = key("inductor", "torch.compile's backend (torch._dynamo.list_backends())")
     torch_compile_mode: str | None = key(None, f"torch.compile's mode: one of {', '.join(MODES)}")

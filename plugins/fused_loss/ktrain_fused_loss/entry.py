@@ -10,11 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ktrain import hookimpl
-from ktrain_fused_loss.keys import FusedLossKeys
-
-# the output layer is split over the vocabulary (tensor parallelism) or the tokens over ranks in ways the
-# loss's divisor and label shift do not follow yet: refused, as the compile plugin refuses them
-PARALLEL_SIZES = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree")
+from ktrain_fused_loss.keys import PARALLEL_SIZES, FusedLossKeys
 
 
 @hookimpl

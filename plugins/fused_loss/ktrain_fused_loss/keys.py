@@ -2,9 +2,51 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import attrs
 
+from ktrain.config.fast_defaults import GpuDefault
 from ktrain.config.keys import key
+
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+"""Architectures whose causal-LM head is a plain product and whose loss is the plain token cross entropy (no
+logit scaling or soft-capping as in Gemma, Cohere or Granite; no router loss as in the MoE models)."""
+
+PARALLEL_SIZES = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree")
+"""Mesh sizes under which the fused loss is refused: the output layer split over the vocabulary (tensor
+parallelism) or the tokens over ranks in ways the loss's divisor and label shift do not follow yet."""
+
+
+def model_type(config: Any) -> str | None:
+    """The ``model_type`` of the config's model read from its ``config.json`` without loading anything: a local
+    folder, or a hub id already in the Hugging Face cache (None where neither has it)."""
+    source = config.base_model_config or config.base_model
+    if not source:
+        return None
+    path = Path(source) / "config.json"
+    if not path.is_file():
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(source, "config.json", revision=config.revision_of_model)
+        path = Path(cached) if isinstance(cached, str) else path
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _fused_unless(config: Any, capability: tuple[int, int] | None) -> str | None:
+    """Why the fused loss is not the fast default of ``config`` (None: it is)."""
+    if any(getattr(config, name, None) not in (None, 1) for name in PARALLEL_SIZES):
+        return "a parallel size other than 1"
+    if getattr(config, "liger_fused_linear_cross_entropy", False) or getattr(config, "liger_cross_entropy", False):
+        return "Liger's loss is asked for"
+    if model_type(config) not in SUPPORTED:
+        return "the model's architecture is not one the fused loss supports (or not known before it loads)"
+    return None
 
 
 @attrs.define(kw_only=True)
@@ -15,6 +57,11 @@ class FusedLossKeys:
         False,
         "compute the output layer and the token-sum cross entropy together: the gradient overwrites the "
         "bf16 logits in the forward, the logits are never upcast, and no step waits for the device",
+        gpu_default=GpuDefault(
+            True,
+            "the same loss and gradient; the logits are not held in fp32 for the loss, so it is rounded differently",
+            unless=_fused_unless,
+        ),
     )
     fused_linear_cross_entropy_chunks: int = key(
         1,

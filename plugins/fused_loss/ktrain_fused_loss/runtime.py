@@ -20,11 +20,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ktrain import hookimpl
 from ktrain.config.report import ConfigError, Report
+from ktrain_fused_loss.keys import SUPPORTED
 from ktrain_fused_loss.linear_cross_entropy import IGNORE_INDEX, linear_cross_entropy
-
-# architectures whose causal-LM head is a plain product and whose loss is the plain token cross entropy
-# (no logit scaling or soft-capping as in Gemma, Cohere or Granite; no router loss as in the MoE models)
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 
 
 class FusedLoss:

@@ -1,0 +1,148 @@
+"""Fast defaults: on a GPU, a key the config does not write takes the value of the fastest correct path.
+
+A key declares its GPU default in its field (``key(..., gpu_default=GpuDefault(...))``, kernel or plugin
+alike): the value, the other keys that value needs (``also``), a check of the rest of the config saying why
+the default does not apply there (``unless``), and what it changes in what is trained. ``ktrain run`` (and
+``ktrain bench``, ``ktrain plan --measure``) resolve them where the device is known, before the plugins are
+activated: a key the user wrote, even to its ordinary default, is never changed, and on a CPU nothing is.
+The resolved keys are written into the run's ``config.yaml`` like any written key, so every rank, and a
+resume, trains with them. Imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from ktrain.config.model import Config
+
+ORIGIN = "fast default on CUDA"
+"""The origin (``ktrain check``'s "from") of a key set by its GPU default."""
+
+
+@attrs.frozen
+class GpuDefault:
+    """A key's value on a GPU when the config does not write the key.
+
+    ``value``: the key's value there; ``also``: other keys set with it (``unless`` decides which values of
+    them the config may write: those it replaces); ``unless(config, capability)``: why the default does not
+    apply to this config (None: it applies; ``capability`` is the GPUs' lowest compute capability, None
+    where unknown); ``changes``: what the default changes in what is trained (docs and ``ktrain check``).
+    """
+
+    value: Any
+    changes: str
+    also: dict[str, Any] = attrs.field(factory=dict)
+    unless: Callable[[Any, tuple[int, int] | None], str | None] | None = None
+
+
+@attrs.frozen
+class Choice:
+    """One GPU default taken (or, for ``ktrain check``, that a GPU run would take)."""
+
+    key: str
+    value: Any
+    also: dict[str, Any]
+    changes: str
+
+    def line(self) -> str:
+        """The line ``ktrain run`` prints at its start and ``ktrain check`` lists."""
+        shown = ", ".join(f"{k}: {_yaml(v)}" for k, v in self.also.items())
+        off = "false" if self.value is True else "its value"
+        return (
+            f"{self.key}: {_yaml(self.value)}{f' with {shown}' if shown else ''} "
+            f"(fast default on CUDA; set {self.key}: {off} to switch off)"
+        )
+
+
+def _yaml(value: Any) -> str:
+    return {True: "on", False: "off", None: "null"}.get(value, str(value)) if isinstance(value, bool) else str(value)
+
+
+def _declared(config: Config) -> list[tuple[str, GpuDefault]]:
+    """Every key of the config with a GPU default, in section order."""
+    return [
+        (f.name, f.metadata["gpu_default"])
+        for section in config.sections.values()
+        for f in attrs.fields(type(section))
+        if f.metadata.get("gpu_default") is not None
+    ]
+
+
+def pending(config: Config, capability: tuple[int, int] | None = None) -> list[Choice]:
+    """The GPU defaults a GPU run of ``config`` takes: keys neither written nor null whose ``unless`` finds
+    nothing against them."""
+    found = []
+    for name, default in _declared(config):
+        if config.is_set(name) or name in config.unset:
+            continue
+        if default.unless is not None and default.unless(config, capability) is not None:
+            continue
+        found.append(Choice(name, default.value, dict(default.also), default.changes))
+    return found
+
+
+def applied(config: Config) -> list[Choice]:
+    """The GPU defaults ``resolve`` set in ``config`` (read from the keys' origins)."""
+    return [
+        Choice(name, getattr(config, name), _also(config, default), default.changes)
+        for name, default in _declared(config)
+        if config.origins.get(name) == ORIGIN
+    ]
+
+
+def _also(config: Config, default: GpuDefault) -> dict[str, Any]:
+    return {k: getattr(config, k) for k in default.also if config.origins.get(k) == ORIGIN}
+
+
+def resolve(config: Config, device: str | None, capability: tuple[int, int] | None = None) -> Config:
+    """``config`` with the GPU defaults of ``pending`` set (present, from ``ORIGIN``) when ``device`` is
+    ``cuda``; otherwise ``config`` itself."""
+    if device != "cuda":
+        return config
+    choices = pending(config, capability)
+    if not choices:
+        return config
+    values = {name: value for c in choices for name, value in {c.key: c.value, **c.also}.items()}
+    sections = {}
+    for cls, section in config.sections.items():
+        mine = {f.name: values[f.name] for f in attrs.fields(cls) if f.name in values}
+        sections[cls] = attrs.evolve(section, **mine) if mine else section
+    return attrs.evolve(
+        config,
+        sections=sections,
+        present=config.present | set(values),
+        origins={**config.origins, **dict.fromkeys(values, ORIGIN)},
+    )
+
+
+ADAMW = ("adamw", "adamw_torch", "adamw_torch_fused", "adamw_fp32_master")
+"""The optimizer names whose update ``adamw_fp32_master`` computes too (on fp32 master copies)."""
+
+
+def _masters_unless(config: Any, capability: tuple[int, int] | None) -> str | None:
+    """Why ``bfloat16`` with ``adamw_fp32_master`` is not the fast default of ``config`` (None: it is)."""
+    bf16 = config.bf16 is True or (config.bf16 == "auto" and (capability is None or capability >= (8, 0)))
+    fsdp = any(config.is_set(k) for k in ("fsdp", "fsdp_config", "fsdp_version"))
+    reasons = (
+        (not bf16 or config.fp16, "the compute dtype is not bf16"),
+        (config.optimizer not in ADAMW, f"{config.optimizer} is not AdamW"),
+        (getattr(config, "adapter", None) is not None, "an adapter trains its own fp32 weights"),
+        (getattr(config, "deepspeed", None) is not None, "DeepSpeed keeps fp32 masters of its own"),
+        (fsdp and getattr(config, "fsdp_version", None) != 2, "only FSDP2 shards fp32 masters"),
+        (config.gradient_accumulation_steps > 1, "bf16 gradients would be summed over the micro-batches"),
+    )
+    return next((why for found, why in reasons if found), None)
+
+
+FP32_MASTERS = GpuDefault(
+    True,
+    "bf16 weights, gradients and activations (the residual stream too) instead of fp32 weights under bf16 "
+    "autocast; the optimizer keeps fp32 master weights and fp32 AdamW states, so no update is lost to bf16 "
+    "rounding; checkpoints and the exported model hold bf16 weights",
+    also={"optimizer": "adamw_fp32_master"},
+    unless=_masters_unless,
+)
+"""The kernel's GPU default of ``bfloat16``: bf16 weights with fp32 masters in the optimizer."""
