@@ -10,10 +10,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ktrain.bench.measure import measure
 from ktrain.bench.ranks import RanksFailed, bench_ranks
 from ktrain.bench.report import describe_report
 from ktrain.bench.rows import Lengths, Pairs
+from ktrain.config import fast_defaults
 from ktrain.config.plan import Plan, load_plugins_and_config, prepare
 from ktrain.config.report import ConfigError
 from ktrain.run import distributed
@@ -33,7 +36,18 @@ def bench_plan(
     # without data, the check's demand for datasets is met by an entry that nothing reads: the run directory
     placeholder = [f"datasets=[{{path: {json.dumps(str(run_dir))}}}]"]
     extra = [f"output_dir={run_dir}"] + ([] if has_data else placeholder)
-    plan = prepare(config, [*overrides, *extra], world_size=world_size, with_defaults=True)
+    cuda = torch.cuda.is_available()  # the keys' GPU defaults are resolved as ``ktrain run`` resolves them
+    capability = min(torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())) if cuda else None
+    plan = prepare(
+        config,
+        [*overrides, *extra],
+        world_size=world_size,
+        device="cuda" if cuda else None,
+        capability=capability,
+        with_defaults=True,
+    )
+    for choice in fast_defaults.applied(plan.config):
+        print(f"ktrain: {choice.line()}", flush=True)
     for problem in plan.warnings:
         print(f"ktrain: warning: {problem}", file=sys.stderr)
     return plan, synthetic or not has_data
