@@ -6,7 +6,8 @@
 #   cattrs, liger-kernel, ruamel.yaml (the fsdp plugin's, for the packed config) and torchao 0.17.0, the torchao
 #   release built against torch 2.11; the device returns about 8 files from $OUT, so the install log and env are
 #   printed, not kept)
-# WHEELS (the folder of wheels), PARTS (shape, packed, curve, profile), BENCH_ARGS, BENCH_TIMEOUT (s) choose what runs.
+# WHEELS (the folder of wheels), PARTS (shape, packed, curve, profile, levers), BENCH_ARGS, BENCH_TIMEOUT (s),
+# LEVERS_ARGS choose what runs; levers: plugins/fp8/benchmarks/levers.py (what each float8 lever is worth).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.device/fp8_whl}"/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
@@ -26,6 +27,8 @@ for part in ${PARTS:-shape packed}; do
     packed) bench packed_bf16 llama_1p5b_packed --lengths 256:2048; bench packed_fp8 llama_1p5b_packed_fp8 --lengths 256:2048 ;;
     profile) bench profile_fp8 llama_1p5b_fp8_master --profile "$OUT/b/profile_fp8.json.gz"
              python tools/device/trace_summary.py "$OUT/b/profile_fp8.json.gz" > "$OUT/b/profile_fp8.txt" 2>&1; head -30 "$OUT/b/profile_fp8.txt" ;;
+    levers) timeout ${LEVERS_TIMEOUT:-300} python plugins/fp8/benchmarks/levers.py ${LEVERS_ARGS:-} > "$OUT/b/levers.txt" 2>&1
+            echo "$(date +%T) levers rc=$?"; grep -E "^(torch|output|blocks|fp8|bf16|tensorwise|\+)" "$OUT/b/levers.txt" ;;
     curve) KTRAIN_FP8_CURVES="$OUT/b/fp8_curves.json" timeout ${CURVE_TIMEOUT:-420} python -m pytest -q -s -rs -p no:cacheprovider -m gpu \
              plugins/fp8/tests/test_fp8_gpu.py > "$OUT/b/fp8_curve_test.txt" 2>&1; rc=$?; echo "$(date +%T) curve rc=$rc"; tail -5 "$OUT/b/fp8_curve_test.txt" ;;
   esac
