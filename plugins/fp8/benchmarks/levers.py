@@ -15,12 +15,17 @@ copy of the same weights with torchao's float8 layers:
 
 Part 2, the output layer (16,384 tokens x hidden 2048 x vocab 128,256): its three products (logits, the hidden
 states' gradient, the weight's gradient) in bf16, and in float8 with tensorwise scales (e4m3 hidden states and
-weight, e5m2 logits' gradient) including the compiled casts and the transposed copies ``torch._scaled_mm`` needs.
+weight, e5m2 logits' gradient) including the compiled casts and the transposed copies ``torch._scaled_mm`` needs;
+then the products alone (operands cast beforehand), and the products with the casts of the hidden states and the
+weight only: the logits' gradient ``(softmax - onehot) / divisor`` is bounded by ``1 / divisor``, so its scale is
+known without an absolute maximum and the loss's kernel could write it in float8 itself (not built: timed as
+free). The first bf16 row warms the device up.
 
 Printed for each: ms a step, the device's SM clock and power while timed (NVML), joules a step and the peak
 memory. ``ktrain bench`` gives the figures of a whole step; this says where the difference comes from.
 
-    python plugins/fp8/benchmarks/levers.py [--steps 10] [--warmup 3] [--variants bf16,tensorwise,...]
+    python plugins/fp8/benchmarks/levers.py [--steps 10] [--output-steps 40] [--warmup 3] [--variants bf16,...]
+        [--parts output,blocks]
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ def timed(name: str, step: Callable[[], None], steps: int, warmup: int, flops: f
     clock = state.sm_clock_mhz if state else float("nan")
     peak = torch.cuda.max_memory_allocated() / 2**30
     print(
-        f"{name:34s} {ms:8.2f} ms  {flops / ms / 1e9:7.0f} TFLOP/s  {clock:6.0f} MHz  {power:4.0f} W  "
+        f"{name:40s} {ms:8.2f} ms  {flops / ms / 1e9:7.0f} TFLOP/s  {clock:6.0f} MHz  {power:4.0f} W  "
         f"{power * ms / 1e3:6.1f} J  {peak:6.1f} GiB",
         flush=True,
     )
@@ -141,23 +146,32 @@ def output_layer(args: argparse.Namespace) -> None:
     def bf16() -> list[torch.Tensor]:
         return [h @ w.t(), g @ w, g.t() @ h]
 
-    def fp8(fast_backward: bool) -> list[torch.Tensor]:
-        h8, sh = cast(h, e4m3, False)
-        w8, sw = cast(w, e4m3, False)
+    def both(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x`` in float8 row-major, its inverse scale, and ``x.t()`` in float8 row-major."""
+        return *cast(x, dtype, False), cast(x, dtype, True)[0]
+
+    precast = {"h": both(h, e4m3), "w": both(w, e4m3), "g": both(g, e5m2)}
+
+    def fp8(fast_backward: bool, cast_h_w: bool = True, cast_g: bool = True) -> list[torch.Tensor]:
+        h8, sh, h8t = both(h, e4m3) if cast_h_w else precast["h"]
+        w8, sw, w8t = both(w, e4m3) if cast_h_w else precast["w"]
+        g8, sg, g8t = both(g, e5m2) if cast_g else precast["g"]
         mm = functools.partial(torch._scaled_mm, out_dtype=torch.bfloat16)
         logits = mm(h8, w8.t(), scale_a=sh, scale_b=sw, use_fast_accum=True)
-        g8, sg = cast(g, e5m2, False)
-        w8t, _ = cast(w, e4m3, True)  # the weight column-major for grad_hidden = g @ w
+        # grad_hidden = g @ w: the weight column-major; grad_weight = g.t() @ h: g.t() row-major, h column-major
         grad_hidden = mm(g8, w8t.t(), scale_a=sg, scale_b=sw, use_fast_accum=fast_backward)
-        g8t, _ = cast(g, e5m2, True)  # g.t() row-major and h column-major for grad_weight = g.t() @ h
-        h8t, _ = cast(h, e4m3, True)
         grad_weight = mm(g8t, h8t.t(), scale_a=sg, scale_b=sh, use_fast_accum=fast_backward)
         return [logits, grad_hidden, grad_weight]
 
     print(f"output layer: {tokens} tokens x {hidden} x {vocab}, three products")
-    timed("output layer bf16", bf16, args.steps, args.warmup, flops)
-    timed("output layer fp8 tensorwise", lambda: fp8(False), args.steps, args.warmup, flops)
-    timed("output layer fp8 + fast-accum", lambda: fp8(True), args.steps, args.warmup, flops)
+    timed("output layer bf16 (device warm-up)", bf16, args.output_steps, args.warmup, flops)
+    timed("output layer bf16", bf16, args.output_steps, args.warmup, flops)
+    timed("output layer fp8 products only", lambda: fp8(False, False, False), args.output_steps, args.warmup, flops)
+    timed(
+        "output layer fp8, g cast by the loss", lambda: fp8(False, True, False), args.output_steps, args.warmup, flops
+    )
+    timed("output layer fp8 tensorwise", lambda: fp8(False), args.output_steps, args.warmup, flops)
+    timed("output layer fp8 + fast-accum", lambda: fp8(True), args.output_steps, args.warmup, flops)
     for fast in (False, True):
         errors = [((b - a).float().norm() / a.float().norm()).item() for a, b in zip(bf16(), fp8(fast), strict=True)]
         print(
@@ -170,6 +184,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--output-steps", type=int, default=40)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--parts", default="output,blocks")
     args = parser.parse_args()
