@@ -16,13 +16,10 @@ def validate(config: Any, report: Any) -> None:
     if method is None:
         for i, entry in enumerate(config.datasets or []):
             if entry.type == PAIR_FORMAT:
-                report.error(f"datasets[{i}].type", f"{PAIR_FORMAT} holds preference pairs: set rl: dpo (or ipo)")
+                report.error(f"datasets[{i}].type", f"{PAIR_FORMAT} holds preference rows: set rl: dpo (or kto)")
         return
     if method in GENERATION_METHODS:
         report.error("rl", f"{method} needs a generation engine; not supported yet (rl: {' or '.join(METHODS)} are)")
-        return
-    if method == "kto":
-        report.error("rl", f"kto (unpaired rows) is not supported yet; rl: {', '.join(METHODS)} are")
         return
     if method not in METHODS:
         report.error("rl", f"'{method}' is not a method of ktrain-plugin-preference; use {' or '.join(METHODS)}")
@@ -35,6 +32,16 @@ def validate(config: Any, report: Any) -> None:
         report.error("dpo_label_smoothing", "applies to rl: dpo and rl: simpo only; leave it out")
     if config.orpo_alpha is not None and method != "orpo":
         report.error("orpo_alpha", "applies to rl: orpo only; leave it out")
+    for name in ("kto_desirable_weight", "kto_undesirable_weight"):
+        if config.is_set(name) and method != "kto":
+            report.error(name, "applies to rl: kto only; leave it out")
+        elif getattr(config, name) <= 0:
+            report.error(name, "must be above 0")
+    if method == "kto" and config.micro_batch_size < 2:
+        report.error(
+            "micro_batch_size",
+            "rl: kto estimates its KL term from the other rows of a micro-batch: set micro_batch_size to 2 or more",
+        )
     if config.sample_packing:
         report.error("sample_packing", "preference pairs are not packed; set sample_packing: false")
     for name in UNSHARED_LOSS_KEYS:  # keys of other plugins: present only when those are installed

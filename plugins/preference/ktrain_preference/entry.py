@@ -10,8 +10,8 @@ from typing import Any
 
 from ktrain import hookimpl
 from ktrain_preference.checks import validate
+from ktrain_preference.formats import tokenize_preference
 from ktrain_preference.keys import PAIR_FORMAT, PreferenceKeys
-from ktrain_preference.pairs import tokenize_pair
 
 
 @hookimpl
@@ -21,7 +21,7 @@ def ktrain_register_config(register) -> None:
 
 @hookimpl
 def ktrain_register_dataset_formats(register) -> None:
-    register(PAIR_FORMAT, tokenize_pair)
+    register(PAIR_FORMAT, tokenize_preference)
 
 
 @hookimpl
@@ -35,6 +35,15 @@ def ktrain_activate(config: Any, activate) -> None:
     """Preference tuning takes part when ``rl`` is written; it owns the run's objective."""
     if config.rl is None:
         return
-    names = ("rl", "rl_beta", "dpo_label_smoothing", "orpo_alpha", "simpo_gamma", "cpo_alpha")
+    names = (
+        "rl",
+        "rl_beta",
+        "dpo_label_smoothing",
+        "orpo_alpha",
+        "simpo_gamma",
+        "cpo_alpha",
+        "kto_desirable_weight",
+        "kto_undesirable_weight",
+    )
     keys = tuple(name for name in names if config.is_set(name))
     activate("ktrain_preference.runtime:Preference", roles=("objective",), keys=keys)

@@ -7,8 +7,8 @@ import attrs
 from ktrain.config.keys import key
 
 # rl -> the loss: as TRL's DPOTrainer's loss_type (dpo, ipo; against a reference), ORPOTrainer (orpo), CPOTrainer's
-# loss_type simpo (simpo); the last two need no reference model.
-METHODS = {"dpo": "sigmoid", "ipo": "ipo", "orpo": "orpo", "simpo": "simpo"}
+# loss_type simpo (simpo), KTOTrainer (kto: unpaired rows, against a reference); orpo and simpo need no reference model.
+METHODS = {"dpo": "sigmoid", "ipo": "ipo", "orpo": "orpo", "simpo": "simpo", "kto": "kto"}
 REFERENCE_FREE = ("orpo", "simpo")
 # Methods of Axolotl's rl that sample answers from the policy while training.
 GENERATION_METHODS = ("grpo", "gdpo", "ebft", "online_dpo", "rloo", "ppo")
@@ -21,7 +21,9 @@ class PreferenceKeys:
     """Preference tuning: the method, its strength, and its reference model."""
 
     rl: str | None = key(
-        None, "preference tuning method: dpo, ipo, orpo or simpo (pairs of chosen and rejected answers to one prompt)"
+        None,
+        "preference tuning method: dpo, ipo, orpo or simpo (pairs of chosen and rejected answers to one prompt), "
+        "or kto (single answers labelled desirable or not)",
     )
     rl_beta: float | None = key(
         None, f"beta: how far the policy may move from the reference (default {DEFAULT_BETA}; IPO: its tau)"
@@ -32,3 +34,5 @@ class PreferenceKeys:
     orpo_alpha: float | None = key(None, "ORPO: weight of the odds-ratio term beside the chosen NLL (default 0.1)")
     simpo_gamma: float = key(0.5, "SimPO: the target reward margin")
     cpo_alpha: float = key(1.0, "SimPO: weight of the chosen answers' NLL beside the preference loss (0: none)")
+    kto_desirable_weight: float = key(1.0, "KTO: weight of the losses of the desirable answers (label: true)")
+    kto_undesirable_weight: float = key(1.0, "KTO: weight of the losses of the undesirable answers (label: false)")

@@ -46,6 +46,21 @@ def answer_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tens
     return (picked * mask).sum(-1), mask.sum(-1)
 
 
+def padded(sequences: list[tuple[list[int], list[int]]], pad_id: int, pad_to: int | None) -> dict[str, torch.Tensor]:
+    """``input_ids``, ``labels`` and ``attention_mask`` of (ids, labels) ``sequences``, right-padded to one length."""
+    length = pad_to or max(len(ids) for ids, _ in sequences)
+    batch = {
+        "input_ids": torch.full((len(sequences), length), pad_id, dtype=torch.long),
+        "labels": torch.full((len(sequences), length), IGNORE, dtype=torch.long),
+        "attention_mask": torch.zeros((len(sequences), length), dtype=torch.long),
+    }
+    for i, (ids, labels) in enumerate(sequences):
+        batch["input_ids"][i, : len(ids)] = torch.tensor(ids)
+        batch["labels"][i, : len(ids)] = torch.tensor(labels)
+        batch["attention_mask"][i, : len(ids)] = 1
+    return batch
+
+
 class PairObjective:
     """Owner of the run's objective under ``rl: dpo``, ``ipo``, ``orpo`` or ``simpo``.
 
@@ -77,18 +92,7 @@ class PairObjective:
             at = split(labels)
             chosen.append((ids[:at], labels[:at]))
             rejected.append((ids[at:], labels[at:]))
-        sequences = chosen + rejected
-        length = pad_to or max(len(ids) for ids, _ in sequences)
-        batch = {
-            "input_ids": torch.full((len(sequences), length), pad_id, dtype=torch.long),
-            "labels": torch.full((len(sequences), length), IGNORE, dtype=torch.long),
-            "attention_mask": torch.zeros((len(sequences), length), dtype=torch.long),
-        }
-        for i, (ids, labels) in enumerate(sequences):
-            batch["input_ids"][i, : len(ids)] = torch.tensor(ids)
-            batch["labels"][i, : len(ids)] = torch.tensor(labels)
-            batch["attention_mask"][i, : len(ids)] = 1
-        return batch
+        return padded(chosen + rejected, pad_id, pad_to)
 
     def loss(self, model: Any, batch: dict[str, Any], num_items: float) -> torch.Tensor:
         """The pairs' summed loss over ``num_items``, from one forward of the policy (and one of the reference)."""

@@ -3,7 +3,7 @@
 One sample holds both sequences end to end, ``prompt + chosen + prompt + rejected``; the answers carry
 labels, the prompts -100, so the chosen answer is the first run of labels and the rejected sequence
 starts at the first -100 after it (``split``). The kernel cuts such a sample at twice ``sequence_len``
-(``tokenize_pair.sequences``); each sequence is cut at ``sequence_len`` here, keeping its start, as
+(``ktrain_preference.formats``); each sequence is cut at ``sequence_len`` here, keeping its start, as
 TRL's DPOTrainer does.
 
 Rows are Axolotl's ``chat_template.default`` (the prompt's turns in ``field_messages``, the answers in
@@ -53,53 +53,53 @@ def _prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _sequences(row: dict, tokenizer: Any, entry: Any, config: Any) -> tuple[list[int], list[int], list[int]]:
-    """Token ids of the prompt, prompt + chosen, and prompt + rejected."""
+def render(
+    row: dict, tokenizer: Any, entry: Any, config: Any, answers: Sequence[str]
+) -> tuple[list[int], list[list[int]]]:
+    """Token ids of the prompt, and of the prompt with each answer (the row's fields named by ``answers``)."""
     field = entry.field_messages or ("prompt" if "prompt" in row else "messages")
-    chosen_field, rejected_field = entry.field_chosen or "chosen", entry.field_rejected or "rejected"
-    for name in (field, chosen_field, rejected_field):
+    for name in (field, *answers):
         if row.get(name) is None:
             raise KeyError(name)
-    prompt, chosen, rejected = row[field], row[chosen_field], row[rejected_field]
-    if field == "prompt" and all(isinstance(v, str) for v in (prompt, chosen, rejected)):
+    prompt, texts = row[field], [row[name] for name in answers]
+    if field == "prompt" and all(isinstance(v, str) for v in (prompt, *texts)):
         eos = tokenizer.eos_token or ""
-        chosen, rejected = (v if v.endswith(eos) else v + eos for v in (chosen, rejected))
-        ids = [tokenizer(text)["input_ids"] for text in (prompt, prompt + chosen, prompt + rejected)]
-        return ids[0], ids[1], ids[2]
+        texts = [v if v.endswith(eos) else v + eos for v in texts]
+        return tokenizer(prompt)["input_ids"], [tokenizer(prompt + text)["input_ids"] for text in texts]
     mapping = entry.message_property_mappings or {}
     turns = [_turn(prompt, mapping, "user")] if isinstance(prompt, str) else [_turn(t, mapping, "user") for t in prompt]
     template = templates.resolve(templates.template_name(entry, config), config, tokenizer, "chat_template")
 
-    def render(messages: list[dict], generation_prompt: bool) -> list[int]:
+    def ids(messages: list[dict], generation_prompt: bool) -> list[int]:
         out = tokenizer.apply_chat_template(
             messages, tokenize=True, add_generation_prompt=generation_prompt, chat_template=template, return_dict=True
         )
         return list(out["input_ids"])
 
-    return (
-        render(turns, True),
-        render([*turns, _answer(chosen, mapping)], False),
-        render([*turns, _answer(rejected, mapping)], False),
-    )
+    return ids(turns, True), [ids([*turns, _answer(text, mapping)], False) for text in texts]
 
 
-def tokenize_pair(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | None:
-    """A preference row as one sample ``prompt + chosen + prompt + rejected``, the answers labelled."""
-    prompt, with_chosen, with_rejected = _sequences(row, tokenizer, entry, config)
-    start = min(_prefix(prompt, with_chosen), _prefix(prompt, with_rejected))
-    limit = config.sequence_len
+def answer_start(prompt: Sequence[int], answers: Sequence[Sequence[int]], limit: int) -> int:
+    """Where the answers start: the prompt's ids common to all of them; a ValueError when none is left to train."""
+    start = min(_prefix(prompt, ids) for ids in answers)
     if start == 0:
         raise ValueError("the prompt is empty")
     if start >= limit:
         raise ValueError(f"the prompt's {start} tokens fill sequence_len {limit}: no answer token is left")
-    chosen, rejected = with_chosen[:limit], with_rejected[:limit]
-    if len(chosen) == start or len(rejected) == start:
+    if any(len(ids) == start for ids in answers):
         raise ValueError("an answer is empty")
+    return start
+
+
+def tokenize_pair(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | None:
+    """A preference row as one sample ``prompt + chosen + prompt + rejected``, the answers labelled."""
+    chosen_field, rejected_field = entry.field_chosen or "chosen", entry.field_rejected or "rejected"
+    prompt, (with_chosen, with_rejected) = render(row, tokenizer, entry, config, (chosen_field, rejected_field))
+    limit = config.sequence_len
+    start = answer_start(prompt, (with_chosen, with_rejected), limit)
+    chosen, rejected = with_chosen[:limit], with_rejected[:limit]
     labels = [IGNORE] * start + chosen[start:] + [IGNORE] * start + rejected[start:]
     return {"input_ids": chosen + rejected, "labels": labels}
-
-
-tokenize_pair.sequences = 2  # type: ignore[attr-defined]
 
 
 def split(labels: Sequence[int]) -> int:

@@ -16,7 +16,7 @@ from ktrain_preference.keys import REFERENCE_FREE
 
 
 class Preference:
-    """Owner of ``objective`` in preference runs (``rl: dpo``, ``ipo``, ``orpo``, ``simpo``)."""
+    """Owner of ``objective`` in preference runs (``rl: dpo``, ``ipo``, ``orpo``, ``simpo``, ``kto``)."""
 
     def __init__(self, config: Any):
         self.config = config
@@ -32,16 +32,18 @@ class Preference:
 
     @hookimpl
     def ktrain_build_objective(self, run: Any, engine: Any) -> Any:
+        from ktrain_preference.kto import UnpairedObjective
         from ktrain_preference.objective import PairObjective, adapter_off, frozen
 
         if self.config.rl in REFERENCE_FREE:
             reference = None
         else:
             reference = adapter_off(run.model) if self.copy is None else frozen(self.copy.to(run.device))
-        self.objective = PairObjective(self.config, reference, run.device)
+        kind = UnpairedObjective if self.config.rl == "kto" else PairObjective
+        self.objective = kind(self.config, reference, run.device)
         return self.objective
 
     @hookimpl
     def ktrain_collect_metrics(self, run: Any, step: int) -> dict[str, float]:
-        """TRL's rewards/* and logps/* of the pairs trained since the last logged step."""
+        """TRL's rewards/* and logps/* (and KTO's kl) of the rows trained since the last logged step."""
         return self.objective.metrics()

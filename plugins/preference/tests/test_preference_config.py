@@ -73,13 +73,17 @@ def test_generation_methods_are_refused_by_name_before_launch(root: Path, capsys
     assert "Traceback" not in err and not (root / "grpo").exists()
 
 
-def test_packed_pairs_fused_losses_kto_and_non_pairs_are_refused(root: Path, capsys: pytest.CaptureFixture) -> None:
+def test_packed_pairs_fused_losses_kto_misfits_and_non_pairs_are_refused(
+    root: Path, capsys: pytest.CaptureFixture
+) -> None:
     plain = {"sample_packing": "true", "datasets.0.type": "chat_template", "fused_linear_cross_entropy": "true"}
     assert main(["check", str(AXOLOTL_DPO), *_sets(root, **plain)]) == 2
     err = capsys.readouterr().err
     assert "sample_packing" in err and "datasets[0].type" in err and "leave fused_linear_cross_entropy out" in err
-    assert main(["check", str(AXOLOTL_DPO), *_sets(root, rl="kto")]) == 2
-    assert "kto (unpaired rows) is not supported yet" in capsys.readouterr().err
+    assert main(["check", str(AXOLOTL_DPO), *_sets(root, kto_desirable_weight=2)]) == 2
+    assert "kto_desirable_weight: applies to rl: kto only" in capsys.readouterr().err
+    assert main(["check", str(AXOLOTL_DPO), *_sets(root, rl="kto", micro_batch_size=1)]) == 2
+    assert "micro_batch_size: rl: kto estimates its KL term from the other rows" in capsys.readouterr().err
 
 
 def test_a_pair_whose_prompt_fills_sequence_len_is_reported_by_the_data_check(

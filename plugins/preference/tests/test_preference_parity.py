@@ -1,7 +1,9 @@
-"""ktrain's DPO and IPO against TRL's DPOTrainer, ORPO against its ORPOTrainer, SimPO against its CPOTrainer: the
-same tiny model (seeded weights on disk), the same pairs, the same reference (the model as loaded), the same
-optimizer and schedule. DPO and IPO read pairs of chat turns, ORPO and SimPO pairs of text (TRL's trainers of those
-take text only).
+"""ktrain's DPO and IPO against TRL's DPOTrainer, ORPO against its ORPOTrainer, SimPO against its CPOTrainer, KTO
+against its KTOTrainer: the same tiny model (seeded weights on disk), the same pairs, the same reference (the model
+as loaded), the same optimizer and schedule. DPO and IPO read pairs of chat turns, ORPO and SimPO pairs of text
+(TRL's trainers of those take text only), KTO unpaired text rows, given to TRL in the order of their token ids
+(KTO's KL estimate pairs each prompt with the answer of the row before it in a batch; ktrain orders a micro-batch
+by token ids, TRL keeps the dataset's order).
 
 Every step's global batch is the whole dataset, so both trainers see the same pairs at every step whatever
 their order. Step 1 (before any update) must agree to 1e-5, the first 10 losses to 1e-3.
@@ -43,6 +45,18 @@ def pair_rows(count: int, chat: bool, seed: int = 0) -> list[dict[str, Any]]:
     return rows
 
 
+def unpaired_rows(count: int, model: Path) -> list[dict[str, Any]]:
+    """``count`` KTO rows (text ``prompt`` and ``completion``, ``label``) in the order of their token ids."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    rows = [
+        {"prompt": row["prompt"], "completion": row["chosen" if i % 3 else "rejected"], "label": bool(i % 3)}
+        for i, row in enumerate(pair_rows(count, chat=False))
+    ]
+    return sorted(rows, key=lambda r: tokenizer(r["prompt"] + r["completion"] + tokenizer.eos_token)["input_ids"])
+
+
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     return path
@@ -58,7 +72,7 @@ def trl_history(
     import datasets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import DPOConfig, DPOTrainer
+    from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer
     from trl.experimental.cpo import CPOConfig, CPOTrainer
     from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
@@ -68,6 +82,7 @@ def trl_history(
         "ipo": (DPOConfig, DPOTrainer, {"loss_type": ["ipo"]}),
         "orpo": (ORPOConfig, ORPOTrainer, {}),
         "simpo": (CPOConfig, CPOTrainer, {"loss_type": "simpo", "simpo_gamma": 0.5, "cpo_alpha": 1.0}),
+        "kto": (KTOConfig, KTOTrainer, {}),
     }[method]
     args = config(
         output_dir=str(root / f"trl-{method}"),
@@ -107,14 +122,17 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return model_dir(tmp_path_factory.mktemp("parity-model"), weights=True)
 
 
-@pytest.fixture(scope="module", params=[("dpo", 0.1), ("ipo", 0.5), ("orpo", 0.2), ("simpo", 2.0)], ids=lambda p: p[0])
+METHODS = [("dpo", 0.1), ("ipo", 0.5), ("orpo", 0.2), ("simpo", 2.0), ("kto", 0.5)]
+
+
+@pytest.fixture(scope="module", params=METHODS, ids=lambda p: p[0])
 def runs(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model: Path
 ) -> tuple[Path, list[dict]]:
     """(ktrain's run directory, TRL's records) for one method."""
     method, beta = request.param
     root = tmp_path_factory.mktemp(f"parity-{method}")
-    rows = pair_rows(PAIRS, chat=method in ("dpo", "ipo"))
+    rows = unpaired_rows(PAIRS, model) if method == "kto" else pair_rows(PAIRS, chat=method in ("dpo", "ipo"))
     write_rows(root / "pairs.jsonl", rows)
     config = write_config(
         root,
@@ -146,7 +164,8 @@ def test_step_one_matches_trl(runs: tuple[Path, list[dict]]) -> None:
 def test_ten_losses_and_rewards_match_trl(runs: tuple[Path, list[dict]]) -> None:
     out, trl = runs
     assert len(trl) == STEPS
-    for name in ("loss", "rewards/margins", "rewards/accuracies"):
+    names = ("loss", "rewards/margins", "kl") if "kl" in trl[0] else ("loss", "rewards/margins", "rewards/accuracies")
+    for name in names:
         ours = read_metrics(out, name)
         for step, record in enumerate(trl, start=1):
             assert abs(ours[step] - record[name]) <= 1e-3, (name, step, ours[step], record[name])

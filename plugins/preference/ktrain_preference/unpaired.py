@@ -1,0 +1,37 @@
+"""KTO's rows into samples: a prompt and one answer, labelled desirable or not, as TRL's KTOTrainer takes them.
+
+A row holds ``prompt`` (text or turns), ``completion`` (text, a turn, or turns whose last is the answer) and
+``label`` (true: desirable). The answer's tokens are labelled with their ids when it is desirable and with
+``UNDESIRABLE`` when it is not, the prompt's with -100; the sequence is cut at ``sequence_len`` keeping its
+start, as TRL does. Rendering is that of pairs (``ktrain_preference.pairs.render``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ktrain.data.formats import IGNORE
+from ktrain_preference.pairs import answer_start, render
+
+# The label of an undesirable answer's tokens (a token id is never negative; -100 is the prompt's).
+UNDESIRABLE = -1
+
+
+def tokenize_unpaired(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict:
+    """A KTO row as one sample ``prompt + completion``, the completion labelled by its desirability."""
+    desirable = row.get("label")
+    if desirable is None:
+        raise KeyError("label")
+    if not isinstance(desirable, bool):
+        raise TypeError(f"label is a {type(desirable).__name__}, not true or false")
+    prompt, (with_answer,) = render(row, tokenizer, entry, config, ("completion",))
+    start = answer_start(prompt, (with_answer,), config.sequence_len)
+    ids = with_answer[: config.sequence_len]
+    answer = ids[start:] if desirable else [UNDESIRABLE] * (len(ids) - start)
+    return {"input_ids": ids, "labels": [IGNORE] * start + answer}
+
+
+def answer_of(labels: Any) -> tuple[int, bool]:
+    """(where the answer starts, whether it is desirable) in a sample's labels."""
+    start = next(i for i, label in enumerate(labels) if label != IGNORE)
+    return start, bool(labels[start] != UNDESIRABLE)
