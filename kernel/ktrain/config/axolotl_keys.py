@@ -734,8 +734,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "dpo_loss_weights",
         "precompute_ref_log_probs",
         "rpo_alpha",
-        "kto_desirable_weight",
-        "kto_undesirable_weight",
         "nemo_gym_enabled",
         "nemo_gym_dir",
         "nemo_gym_auto_clone",
