@@ -267,7 +267,16 @@ PLUGIN_KEYS: dict[str, tuple[str, ...]] = {
         "fp8_enable_fsdp_float8_all_gather",
     ),
     "ktrain-plugin-tensorboard": ("use_tensorboard",),
-    "ktrain-plugin-preference": ("rl", "rl_beta", "dpo_label_smoothing", "orpo_alpha", "simpo_gamma", "cpo_alpha"),
+    "ktrain-plugin-preference": (
+        "rl",
+        "rl_beta",
+        "dpo_label_smoothing",
+        "orpo_alpha",
+        "simpo_gamma",
+        "cpo_alpha",
+        "kto_desirable_weight",
+        "kto_undesirable_weight",
+    ),
     "ktrain-plugin-wandb": (
         "use_wandb",
         "wandb_project",
