@@ -1,6 +1,7 @@
 """A plugin for tests/integration/test_memory_model.py: the bytes each rank holds at its first step.
 
-Storages are counted once each (a flat buffer under many views counts its whole size), with the helpers of
+Storages are counted once each (a flat buffer under many views counts its whole size; a quantized weight with
+its quantization state), with the helpers of
 ``ktrain plan --measure`` (``ktrain.memory.measure``), on every rank. Gradients are those
 of the weights the optimizer steps (under ZeRO its fp32 partitions) and of the model's parameters, read
 just before the optimizer's update; optimizer states are its state tensors (read just after it) and the
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from ktrain import hookimpl
-from ktrain.memory.measure import local_tensor, storages, torch_optimizer
+from ktrain.memory.measure import local_tensor, parameter_storages, storages, torch_optimizer
 
 
 class Measure:
@@ -51,7 +52,7 @@ class Measure:
             return
         self.done = True
         held = {
-            "parameters": sum(storages(self.model.parameters(), {}).values()),
+            "parameters": sum(parameter_storages(self.model.parameters(), {}).values()),
             "gradients": sum(self.grads.values()),
             "optimizer": sum(self.states.values()),
         }

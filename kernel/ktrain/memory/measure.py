@@ -3,7 +3,8 @@
 The run is one process on the local device (a GPU, else the CPU), in a temporary ``output_dir``; an
 observer plugin counts storages, each once (a flat buffer under many views counts its whole size):
 
-- parameters: the model's, at the start of training;
+- parameters: the model's, at the start of training, with what a quantized weight keeps beside its packed
+  data (bitsandbytes' ``quant_state``: block scales, their own scales and code tables; 8-bit row scales);
 - gradients: those of the weights the optimizer steps and of the model's parameters, just before its
   first update; optimizer states: its state tensors just after it, and the weights it steps that are
   not the model's (fp32 masters);
@@ -64,6 +65,24 @@ def storages(tensors: Iterable[torch.Tensor | None], into: dict[int, int]) -> di
         if t is not None and local_tensor(t).numel() > 0:
             s = local_tensor(t).untyped_storage()
             into[s.data_ptr()] = s.nbytes()
+    return into
+
+
+def _quantization_tensors(state: Any) -> list[torch.Tensor]:
+    """The tensors of a bitsandbytes ``QuantState`` and of the state nested in it (double quantization)."""
+    if state is None:
+        return []
+    own = [v for v in vars(state).values() if torch.is_tensor(v)]
+    return own + _quantization_tensors(getattr(state, "state2", None))
+
+
+def parameter_storages(parameters: Iterable[torch.Tensor], into: dict[int, int]) -> dict[int, int]:
+    """``storages`` of the parameters and of what a quantized one keeps beside its data (its ``quant_state``,
+    an 8-bit weight's row scales ``SCB``); returns ``into``."""
+    parameters = list(parameters)
+    storages(parameters, into)
+    for p in parameters:
+        storages([*_quantization_tensors(getattr(p, "quant_state", None)), getattr(p, "SCB", None)], into)
     return into
 
 
@@ -128,7 +147,7 @@ class Probe:
     def ktrain_on_train_start(self, run: Any, engine: Any) -> None:
         optimizer = torch_optimizer(engine.optimizer)
         model = engine.model
-        self.model_storages = storages(model.parameters(), {})
+        self.model_storages = parameter_storages(model.parameters(), {})
         self.parameters = sum(self.model_storages.values())
         self._watch_forward(model)
         first = {"before": True, "after": True}

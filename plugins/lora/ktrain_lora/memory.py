@@ -5,9 +5,10 @@ gains two trained fp32 matrices, A (r x in) and B (out x r), and DoRA a magnitud
 layers adapted are those ``lora_target_linear`` and ``lora_target_modules`` name, or peft's default
 for Llama-family models (q_proj and v_proj). ``lora_modules_to_save`` trains a copy of each named
 module beside its frozen original. Under 4-bit quantization every linear layer of the blocks is
-packed two weights a byte, with a scale per 64 weights (one byte under double quantization, which
-adds an fp32 scale per 256 scales; four bytes without); the rest of the base loads in the compute
-dtype. Under 8-bit, a byte a weight and an fp32 scale per row.
+packed two weights a byte (in whole elements of the storage dtype), with a scale per 64 weights (one
+byte under double quantization, which adds an fp32 scale per 256 scales, a 256-entry fp32 code table
+and an fp32 offset; four bytes without) and the data type's 16-entry fp32 code table; the rest of the
+base loads in the compute dtype. Under 8-bit, a byte a weight and an fp32 scale per row.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ from ktrain_lora.keys import adapter_kind, quantization_bits
 
 PEFT_DEFAULT_TARGETS = ("q_proj", "v_proj")
 BLOCK = 64
+SCALES_BLOCK = 256
+"""Scales a second-level scale covers under double quantization."""
+CODE_BYTES = 16 * 4
+"""The 4-bit data type's code table (nf4 or fp4), fp32, kept by every quantized weight."""
+NESTED_BYTES = 256 * 4 + 4
+"""Double quantization's 8-bit code table of the scales and their offset, fp32, kept by every weight."""
+STORAGE_BYTES = {"uint8": 1, "bfloat16": 2, "float16": 2, "float32": 4}
+"""Bytes of an element of ``bnb_4bit_quant_storage``; unset, the compute dtype or bfloat16: 2."""
 
 
 def _module(name: str) -> str:
@@ -42,13 +51,16 @@ def targeted(config: Any, module: str) -> bool:
     return short in (names or set(PEFT_DEFAULT_TARGETS))
 
 
-def packed(w: Weight, bits: int, double_quant: bool) -> Weight:
-    """``w`` as bitsandbytes stores it quantized to ``bits``."""
+def packed(w: Weight, bits: int, double_quant: bool, storage_bytes: int = 2) -> Weight:
+    """``w`` as bitsandbytes stores it quantized to ``bits``, 4-bit data in elements of ``storage_bytes``."""
     if bits == 8:
         return attrs.evolve(w, element_bytes=1, extra_bytes=4 * w.shape[0], trainable=False)
+    data = math.ceil(math.ceil(w.numel / 2) / storage_bytes) * storage_bytes
     blocks = math.ceil(w.numel / BLOCK)
-    scales = blocks + 4 * math.ceil(blocks / 256) if double_quant else 4 * blocks
-    return attrs.evolve(w, element_bytes=0.5, extra_bytes=scales, trainable=False)
+    nested = math.ceil(blocks / SCALES_BLOCK)
+    scales = blocks + 4 * nested + NESTED_BYTES if double_quant else 4 * blocks
+    padding = data - math.ceil(w.numel / 2)
+    return attrs.evolve(w, element_bytes=0.5, extra_bytes=padding + scales + CODE_BYTES, trainable=False)
 
 
 @attrs.frozen
@@ -64,11 +76,12 @@ class AdapterWeights:
         c = self.config
         keep = set(c.lora_modules_to_save or ())
         double = c.bnb_config_kwargs.bnb_4bit_use_double_quant if c.bnb_config_kwargs else True
+        storage = c.bnb_config_kwargs.bnb_4bit_quant_storage if c.bnb_config_kwargs else None
         out: list[Weight] = []
         adapters: list[Weight] = []
         for w in weights:
             if self.bits and w.kind == "linear":
-                out.append(packed(w, self.bits, double))
+                out.append(packed(w, self.bits, double, STORAGE_BYTES.get(storage or "", 2)))
             else:
                 element = self.rest_bytes if self.bits else w.element_bytes
                 out.append(attrs.evolve(w, element_bytes=element, trainable=False))
