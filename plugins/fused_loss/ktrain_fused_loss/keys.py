@@ -44,6 +44,8 @@ def _fused_unless(config: Any, capability: tuple[int, int] | None) -> str | None
         return "a parallel size other than 1"
     if getattr(config, "liger_fused_linear_cross_entropy", False) or getattr(config, "liger_cross_entropy", False):
         return "Liger's loss is asked for"
+    if getattr(config, "rl", None) is not None:  # ktrain-plugin-preference's key: present when it is installed
+        return "a preference method (rl) computes its own loss"
     if model_type(config) not in SUPPORTED:
         return "the model's architecture is not one the fused loss supports (or not known before it loads)"
     return None
