@@ -94,6 +94,24 @@ def overrides(data: dict, model: str, chat: Path, random_init: bool) -> list[str
     return out
 
 
+def key_of(problem: str) -> str:
+    """The key a refusal names (``datasets[3].type: ...`` -> ``datasets[i].type``)."""
+    return re.sub(r"\[\d+\]", "[i]", problem.split(":", 1)[0])
+
+
+def print_causes(failed: dict[str, list[str]]) -> None:
+    """The keys that alone refuse a config, most configs first: taking one of them passes those configs."""
+    keys = {name: {key_of(e) for e in errors} for name, errors in failed.items()}
+    alone = collections.Counter(next(iter(k)) for k in keys.values() if len(k) == 1)
+    print(f"refused for one key alone ({sum(alone.values())} configs):")
+    for key, count in alone.most_common():
+        print(f"  {count:4d}  {key}")
+    pairs = collections.Counter(" + ".join(sorted(k)) for k in keys.values() if len(k) == 2)
+    print(f"refused for two keys ({sum(pairs.values())} configs):")
+    for key, count in pairs.most_common():
+        print(f"  {count:4d}  {key}")
+
+
 @contextlib.contextmanager
 def working_directory(folder: Path) -> Iterator[None]:
     before = os.getcwd()
@@ -110,6 +128,9 @@ def main() -> None:
     parser.add_argument("--base-model", help="a local model folder with weights (default: a tiny random one)")
     parser.add_argument("--top", type=int, default=25, help="how many refusals to list")
     parser.add_argument("--failures", action="store_true", help="print every failing file with its problems")
+    parser.add_argument(
+        "--causes", action="store_true", help="list the keys that alone refuse a config (what to take first)"
+    )
     args = parser.parse_args()
     examples = args.examples.resolve()
     scratch = Path(tempfile.mkdtemp(prefix="axolotl-examples-"))
@@ -135,6 +156,8 @@ def main() -> None:
     print(f"most frequent refusals (configs refused with each, of {len(failed)} refused):")
     for reason, count in reasons.most_common(args.top):
         print(f"  {count:4d}  {reason[:200]}")
+    if args.causes:
+        print_causes(failed)
     for name, text in crashed.items():
         print(f"TRACEBACK {name}\n{text}")
     if args.failures:

@@ -197,8 +197,46 @@ def test_moe_kernels_that_compute_the_same_experts_are_accepted_and_those_changi
     ]
     for key in ("use_kernels", "use_scattermoe", "use_sonicmoe", "expert_backend", "experts_implementation"):
         assert classify(key)[0] == "accepted", key
-    for key in ("llama4_linearized_experts", "quantize_moe_experts", "use_dsv4_kernels", "expert_parallel_size"):
+    for key in ("llama4_linearized_experts", "use_dsv4_kernels", "expert_parallel_size"):
         assert classify(key)[0] == "unsupported", key
+
+
+def test_kernels_for_the_same_computation_and_memory_only_keys_are_accepted_with_what_differs() -> None:
+    for key in ("fused_attn_kernel", "flex_attn_compile_kwargs", "liger_rms_norm_gated"):
+        assert classify(key)[1].startswith("a fused or compiled kernel for the same computation"), key
+    assert "more activation memory" in classify("tiled_mlp")[1]
+    assert "2 to 4 times the memory" in classify("quantize_moe_experts")[1]
+    assert "peft sets it from each module's type" in classify("lora_fan_in_fan_out")[1]
+    assert "does not push" in classify("hub_model_id")[1]
+    for key in ("tiled_mlp", "quantize_moe_experts", "lora_fan_in_fan_out", "hub_model_id"):
+        assert classify(key)[0] == "accepted", key
+
+
+def test_reinit_weights_gemma4_hybrid_attention_and_double_checkpointing_are_translated(
+    tmp_path, tiny_model_dir, tiny_chat_jsonl
+) -> None:
+    path = _write("lora_sft.yaml", tmp_path, tiny_model_dir, tiny_chat_jsonl)
+    plan = prepare(
+        path,
+        [
+            "reinit_weights=true",
+            "attn_implementation=flash_attention_2",
+            "gemma4_hybrid_attn_impl=true",
+            "fsdp_version=2",
+            "fsdp_config.activation_checkpointing=true",
+            "fsdp_config.auto_wrap_policy=TRANSFORMER_BASED_WRAP",
+            "fsdp_config.transformer_layer_cls_to_wrap=LlamaDecoderLayer",
+            "bf16=true",
+        ],
+    )
+    notes = {str(p.path): p.message for p in plan.warnings}
+    assert plan.config.random_init_weights is True and "random_init_weights: true" in notes["reinit_weights"]
+    assert plan.config.attn_implementation == "sdpa" and "head_dim 512" in notes["gemma4_hybrid_attn_impl"]
+    assert plan.config.gradient_checkpointing is False and "once" in notes["gradient_checkpointing"]
+    with pytest.raises(ConfigError) as e:
+        prepare(path, ["reinit_weights=yes please", "gemma4_hybrid_attn_impl=2"])
+    assert "reinit_weights: expected true or false" in str(e.value)
+    assert "gemma4_hybrid_attn_impl: expected true or false" in str(e.value)
 
 
 def test_classify_names_nested_keys_by_prefix() -> None:

@@ -23,7 +23,14 @@ NESTED_MAPPINGS = ("fsdp_config",)
 INTEGRATION_PREFIX = "axolotl.integrations."
 # Owned by the kernel and read by this module (no section declares them): ``plugins:``, and Axolotl's other
 # spellings of kernel keys, each translated with a note.
-HANDLED_HERE = ("plugins", "activation_offloading", "batch_size", "cut_cross_entropy")
+HANDLED_HERE = (
+    "plugins",
+    "activation_offloading",
+    "batch_size",
+    "cut_cross_entropy",
+    "reinit_weights",
+    "gemma4_hybrid_attn_impl",
+)
 # attn_implementation values of Axolotl that name another kernel for the same exact attention.
 SAME_ATTENTION = {"xformers": "sdpa", "kernels-community/vllm-flash-attn3": "flash_attention_2"}
 
@@ -74,6 +81,11 @@ def sift(data: dict[Any, Any], sections: dict[str, type], report: Report, instal
         _batch_size(data["batch_size"], kept, report)
     if data.get("cut_cross_entropy") is not None:
         _cut_cross_entropy(data["cut_cross_entropy"], kept, report)
+    if data.get("reinit_weights") is not None:
+        _reinit_weights(data["reinit_weights"], kept, report)
+    if data.get("gemma4_hybrid_attn_impl") is not None:
+        _gemma4_hybrid_attention(data["gemma4_hybrid_attn_impl"], kept, report)
+    _checkpointing_once(kept, report)
     written = kept.get("attn_implementation")
     if isinstance(written, str) and written in SAME_ATTENTION:
         kept["attn_implementation"] = SAME_ATTENTION[written]
@@ -91,6 +103,53 @@ def _cut_cross_entropy(value: Any, kept: dict[Any, Any], report: Report) -> None
     elif kept.get("fused_linear_cross_entropy") is None:
         kept["fused_linear_cross_entropy"] = True
         report.warn("cut_cross_entropy", "read as fused_linear_cross_entropy: true (ktrain-plugin-fused-loss)")
+
+
+def _reinit_weights(value: Any, kept: dict[Any, Any], report: Report) -> None:
+    """Axolotl's ``reinit_weights``: the model built from its config with random weights, as
+    ``random_init_weights`` does."""
+    if value is False:
+        report.warn("reinit_weights", "accepted as off")
+    elif value is not True:
+        report.error("reinit_weights", f"expected true or false, got {value!r}")
+    else:
+        kept["random_init_weights"] = True
+        report.warn("reinit_weights", "read as random_init_weights: true (the model's config with random weights)")
+
+
+def _gemma4_hybrid_attention(value: Any, kept: dict[Any, Any], report: Report) -> None:
+    """Axolotl's ``gemma4_hybrid_attn_impl``: flash attention for Gemma 4's sliding-window layers and SDPA for
+    its global layers, whose head_dim of 512 flash attention cannot serve. Both are exact attention, so every
+    layer on SDPA computes the same."""
+    key = "gemma4_hybrid_attn_impl"
+    if value is False:
+        report.warn(key, "accepted as off")
+    elif value is not True:
+        report.error(key, f"expected true or false, got {value!r}")
+    elif kept.get("attn_implementation") == "flash_attention_2":
+        kept["attn_implementation"] = "sdpa"
+        report.warn(
+            key,
+            "read as attn_implementation: sdpa on every layer, the same exact attention "
+            "(flash attention cannot serve Gemma 4's global layers, head_dim 512)",
+        )
+    else:
+        report.warn(key, "accepted: every layer uses attn_implementation, the same exact attention")
+
+
+def _checkpointing_once(kept: dict[Any, Any], report: Report) -> None:
+    """``gradient_checkpointing: true`` beside ``fsdp_config.activation_checkpointing: true``, as Axolotl's FSDP
+    configs write them: both recompute each block in backward, so FSDP's alone is kept (the same gradients,
+    each block recomputed once)."""
+    fsdp = kept.get("fsdp_config")
+    if kept.get("gradient_checkpointing") is not True or not isinstance(fsdp, dict):
+        return
+    if fsdp.get("activation_checkpointing") is True or fsdp.get("fsdp_activation_checkpointing") is True:
+        kept["gradient_checkpointing"] = False
+        report.warn(
+            "gradient_checkpointing",
+            "read as false: fsdp_config.activation_checkpointing recomputes each block already (once, not twice)",
+        )
 
 
 def _activation_offloading(value: Any, kept: dict[Any, Any], report: Report) -> None:

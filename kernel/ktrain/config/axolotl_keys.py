@@ -710,6 +710,30 @@ ACCEPTED: dict[str, tuple[str, ...]] = {
     "FSDP2 with cpu_ram_efficient_loading sends rank 0's weights to the other ranks": (
         "fsdp_config.sync_module_states",
     ),
+    "a fused or compiled kernel for the same computation (speed and memory only); ktrain runs the model's own "
+    "attention, norms and MLPs": (
+        "fused_attn_kernel",
+        "flex_attn_compile_kwargs",
+        "liger_rms_norm_gated",
+    ),
+    "ALST's tiled MLP computes each MLP over tiles of the sequence to save activation memory, with the same result; "
+    "ktrain computes each MLP whole (more activation memory at long sequences)": (
+        "tiled_mlp",
+        "tiled_mlp_num_shards",
+        "tiled_mlp_use_original_mlp",
+    ),
+    "the frozen expert weights stay in the checkpoint's precision instead of being quantized to 4 or 8 bits on "
+    "load: the same parameters train, without the quantization error, and the experts take 2 to 4 times the "
+    "memory of Axolotl's quantized ones": ("quantize_moe_experts",),
+    "peft sets it from each module's type whatever is written (true for GPT-2's Conv1D, false for Linear)": (
+        "lora_fan_in_fan_out",
+    ),
+    "ktrain does not push to the Hugging Face Hub; upload output_dir with `hf upload` after training": (
+        "hub_model_id",
+        "hub_strategy",
+        "hub_revision",
+        "push_dataset_to_hub",
+    ),
     "ktrain reads local files and Hub datasets without running dataset scripts": ("datasets[].trust_remote_code",),
 }
 
@@ -776,7 +800,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "this LoRA variant or setting is not supported by ktrain-plugin-lora (adapter, lora_r, lora_alpha, "
     "lora_dropout, lora_target_modules, lora_target_linear, lora_target_parameters, lora_modules_to_save, "
     "peft_use_dora, peft_use_rslora are)": (
-        "lora_fan_in_fan_out",
         "lora_rank_pattern",
         "lora_alpha_pattern",
         "peft_layers_to_transform",
@@ -879,12 +902,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "swanlab_completion_log_interval",
         "swanlab_completion_max_buffer",
     ),
-    "pushing to the Hugging Face Hub is not done by ktrain; upload output_dir with `hf upload`": (
-        "hub_model_id",
-        "hub_strategy",
-        "hub_revision",
-        "push_dataset_to_hub",
-    ),
     "`ktrain run` launches the ranks itself; Ray is not used": (
         "use_ray",
         "ray_run_name",
@@ -919,18 +936,14 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "s2_attention",
         "large_head_attention",
         "flash_attn_d512",
-        "gemma4_hybrid_attn_impl",
         "sdpa_varlen",
-        "fused_attn_kernel",
         "scaling_softmax",
         "scaling_softmax_factor",
         "scaling_softmax_bias",
-        "flex_attn_compile_kwargs",
     ),
     "these mixture-of-experts options change the experts' weights, their layout or numerics, or spread the experts "
     "over ranks, which ktrain does not support; leave them out to train the model's own experts in full precision "
     "(use_scattermoe and use_sonicmoe are accepted)": (
-        "quantize_moe_experts",
         "llama4_linearized_experts",
         "dense_mixer",
         "moe_grouped_backend",
@@ -952,10 +965,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "(ktrain-plugin-fused-loss) computes the loss without the full logits": (
         "chunked_cross_entropy",
         "chunked_cross_entropy_num_chunks",
-        "tiled_mlp",
-        "tiled_mlp_num_shards",
-        "tiled_mlp_use_original_mlp",
-        "liger_rms_norm_gated",
         "liger_use_token_scaling",
     ),
     "this training objective is not supported; ktrain trains with the cross-entropy of the labels": (
@@ -1036,7 +1045,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "model_kwargs",
         "overrides_of_model_kwargs",
         "rope_scaling",
-        "reinit_weights",
     ),
     "a dataset's Hub revision is not chosen by ktrain; download it (`hf download ID --revision REV --repo-type "
     "dataset --local-dir DIR`) and give the folder": ("datasets[].revision",),
