@@ -32,18 +32,24 @@ ROWS = [  # config, --set values, report (its ktrain.peak_memory_gib)
 ]
 
 
-def main() -> None:
-    """Print the table (markdown)."""
-    print("| config | predicted GiB | measured GiB | predicted / measured | not modelled |")
-    print("| --- | --- | --- | --- | --- |")
+def compare() -> list[tuple[str, float, float, str]]:
+    """(config as run, predicted GiB, measured GiB, what is not modelled) for each row of ``ROWS``."""
+    out = []
     for name, sets, report in ROWS:
         measured = json.loads((REPO / "docs" / "results" / report).read_text(encoding="utf-8"))["ktrain"]
         config = REPO / "configs" / "bench" / f"{name}.yaml"
         plan = prepare(config, [*sets, "datasets=[{path: .}]"], world_size=1)
         prediction = predict(plan.config, plan.mesh, plan.plugins)
-        got, want = prediction.peak / GIB, measured["peak_memory_gib"]
         shown = name + "".join(f" --set {s}" for s in sets)
-        missing = ", ".join(prediction.not_modelled) or ""
+        out.append((shown, prediction.peak / GIB, measured["peak_memory_gib"], ", ".join(prediction.not_modelled)))
+    return out
+
+
+def main() -> None:
+    """Print the table (markdown)."""
+    print("| config | predicted GiB | measured GiB | predicted / measured | not modelled |")
+    print("| --- | --- | --- | --- | --- |")
+    for shown, got, want, missing in compare():
         print(f"| `{shown}` | {got:.1f} | {want:.1f} | {got / want:.2f} | {missing} |")
 
 

@@ -17,7 +17,8 @@ An MLP-only checkpoint keeps the attention's part and the MLP's input. After the
 norm's output and the output layer's input are kept. The loss casts the logits of the whole
 micro-batch (vocabulary x tokens) to fp32 and keeps its fp32 log-softmax; its backward holds that, the
 incoming fp32 gradient and the gradient of its input at once: 12 bytes a logit, the step's peak in most
-runs. A fused or chunked loss (Liger's, ktrain-plugin-fused-loss) never holds them.
+runs. A fused or chunked loss (Liger's, ktrain-plugin-fused-loss in chunks) never holds them;
+ktrain-plugin-fused-loss in one chunk holds the logits' gradient in the compute dtype.
 """
 
 from __future__ import annotations
@@ -90,6 +91,13 @@ def activations(
     return Activations(saved, tokens * (per.full - kept) if recomputed else 0)
 
 
-def logits_bytes(shape: ModelShape, tokens: int, fused: bool) -> int:
-    """Bytes the loss holds at its backward: 12 a logit (fp32 log-softmax, its gradient, the input's); 0 fused."""
-    return 0 if fused else tokens * shape.vocab * 12
+LOSS_BYTES = 12
+"""Bytes a logit the unfused loss holds at its backward: the fp32 log-softmax, its gradient, the input's."""
+
+
+def logits_bytes(shape: ModelShape, tokens: int, loss: str | int | None = None) -> int:
+    """Bytes the loss holds at its backward: ``LOSS_BYTES`` a logit, none under a ``"fused"`` loss, or ``loss``
+    bytes a logit (a fused loss that keeps the logits' gradient)."""
+    if loss == "fused":
+        return 0
+    return tokens * shape.vocab * (LOSS_BYTES if loss is None else int(loss))

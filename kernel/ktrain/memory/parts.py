@@ -8,10 +8,13 @@ A plugin answers with a mapping; each name has one meaning and one owner in a ru
   master weights and optimizer states (DDP, FSDP, ZeRO), and of the communication buffers;
 - ``"optimizer"``: an ``OptimizerModel``, the optimizer's states per trained element;
 - ``"parallel"``: a ``ParallelModel``, how tensor and context parallelism split weights and activations;
-- ``"loss"``: ``"fused"`` when the logits of the whole sequence are never materialized;
+- ``"loss"``: ``"fused"`` when the logits of the whole sequence are never materialized, or the bytes a
+  logit of the micro-batch that the loss holds at its backward (a fused loss keeping the logits' gradient);
 - ``"checkpointing"``: a ``Checkpointing``, which blocks recompute their activations (a plugin that owns
   activation checkpointing);
-- ``"kernels"``: names of fused ops that save less for backward: ``rms_norm``, ``rope``, ``swiglu``.
+- ``"kernels"``: names of fused ops that save less for backward: ``rms_norm``, ``rope``, ``swiglu``;
+- ``"compiled"``: the same names, for the ops a compiler fuses inside the blocks (it recomputes their
+  pointwise work in backward rather than saving it); joined with ``"kernels"``.
 
 Nothing here imports torch.
 """

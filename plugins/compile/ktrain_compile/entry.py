@@ -46,3 +46,11 @@ def ktrain_activate(config: Any, activate) -> None:
     if not config.torch_compile:
         return
     activate("ktrain_compile.runtime:BlockCompiler", roles=("compile",), keys=("torch_compile",))
+
+
+@hookimpl
+def ktrain_collect_memory(config: Any) -> dict[str, Any] | None:
+    """What compiled blocks save in one rank's memory model (``ktrain_compile.memory``)."""
+    from ktrain_compile.memory import collect_memory
+
+    return collect_memory(config)

@@ -51,5 +51,10 @@ def ktrain_activate(config: Any, activate) -> None:
 
 @hookimpl
 def ktrain_collect_memory(config: Any) -> dict[str, Any] | None:
-    """In one rank's memory model: the loss is taken in chunks, so no whole-sequence logits are held."""
-    return {"loss": "fused"} if config.fused_linear_cross_entropy else None
+    """In one rank's memory model: in chunks no whole-sequence logits are held; in one chunk the logits'
+    gradient, in the compute dtype (2 bytes a logit under bf16 or fp16, else 4), is held until the backward."""
+    if not config.fused_linear_cross_entropy:
+        return None
+    if config.fused_linear_cross_entropy_chunks > 1:
+        return {"loss": "fused"}
+    return {"loss": 2 if (config.bf16 or config.bfloat16 or config.fp16) else 4}
