@@ -383,7 +383,7 @@ def measure_cli(args: argparse.Namespace) -> int:
     except outcome.bad_input_types() as e:  # bad data the run found: one line, as ktrain run says it
         print(f"ktrain: {outcome.one_line(e)}", file=sys.stderr)
         return 2
-    plan = prepare(args.config, args.overrides, world_size=1)
+    plan = prepare(args.config, args.overrides, world_size=1, device=measured.device)  # the run's GPU defaults
     config = with_keys(plan.config, micro_batch_size=measured.rows, sequence_len=measured.length)
     try:
         prediction = predict(config, plan.mesh, plan.plugins)

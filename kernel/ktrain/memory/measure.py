@@ -201,6 +201,8 @@ def measure(config_path: str | Path, overrides: list[str]) -> Measured:
 
     probe = Probe()
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()  # an earlier measure in this process left its peak
     with tempfile.TemporaryDirectory(prefix="ktrain-measure-") as tmp:
         more = [f"max_steps={STEPS}", "save_strategy='no'", f"output_dir={tmp}/run"]
         plan = prepare(config_path, [*overrides, *more], world_size=1, device=device)
