@@ -212,7 +212,7 @@ def test_kernels_for_the_same_computation_and_memory_only_keys_are_accepted_with
         assert classify(key)[0] == "accepted", key
 
 
-def test_reinit_weights_gemma4_hybrid_attention_and_double_checkpointing_are_translated(
+def test_reinit_weights_gemma4_attention_checkpointing_tokens_and_warmup_are_translated(
     tmp_path, tiny_model_dir, tiny_chat_jsonl
 ) -> None:
     path = _write("lora_sft.yaml", tmp_path, tiny_model_dir, tiny_chat_jsonl)
@@ -233,6 +233,11 @@ def test_reinit_weights_gemma4_hybrid_attention_and_double_checkpointing_are_tra
     assert plan.config.random_init_weights is True and "random_init_weights: true" in notes["reinit_weights"]
     assert plan.config.attn_implementation == "sdpa" and "head_dim 512" in notes["gemma4_hybrid_attn_impl"]
     assert plan.config.gradient_checkpointing is False and "once" in notes["gradient_checkpointing"]
+    older = prepare(path, ["tokens={bos_token: <s>, eos_token: </s>}", "warmup_ratio=null", "warmup_steps=0.25"])
+    notes = {str(p.path): p.message for p in older.warnings}
+    assert older.config.special_tokens == {"bos_token": "<s>", "eos_token": "</s>"} and older.config.tokens is None
+    assert "special_tokens" in notes["tokens"]
+    assert older.config.warmup_ratio == 0.25 and older.config.warmup_steps is None and "share" in notes["warmup_steps"]
     with pytest.raises(ConfigError) as e:
         prepare(path, ["reinit_weights=yes please", "gemma4_hybrid_attn_impl=2"])
     assert "reinit_weights: expected true or false" in str(e.value)

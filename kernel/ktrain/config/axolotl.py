@@ -86,6 +86,7 @@ def sift(data: dict[Any, Any], sections: dict[str, type], report: Report, instal
     if data.get("gemma4_hybrid_attn_impl") is not None:
         _gemma4_hybrid_attention(data["gemma4_hybrid_attn_impl"], kept, report)
     _checkpointing_once(kept, report)
+    _older_spellings(kept, report)
     written = kept.get("attn_implementation")
     if isinstance(written, str) and written in SAME_ATTENTION:
         kept["attn_implementation"] = SAME_ATTENTION[written]
@@ -150,6 +151,20 @@ def _checkpointing_once(kept: dict[Any, Any], report: Report) -> None:
             "gradient_checkpointing",
             "read as false: fsdp_config.activation_checkpointing recomputes each block already (once, not twice)",
         )
+
+
+def _older_spellings(kept: dict[Any, Any], report: Report) -> None:
+    """Values of owned keys in a form Axolotl's older configs and transformers use: ``tokens`` as a mapping
+    (Axolotl's former spelling of ``special_tokens``), and ``warmup_steps`` below 1 (transformers reads it as
+    a share of the steps, ``warmup_ratio``)."""
+    tokens = kept.get("tokens")
+    if isinstance(tokens, dict) and kept.get("special_tokens") is None:
+        kept["special_tokens"] = kept.pop("tokens")
+        report.warn("tokens", "a mapping is read as special_tokens (Axolotl's former spelling)")
+    warmup = kept.get("warmup_steps")
+    if isinstance(warmup, float) and 0 < warmup < 1 and kept.get("warmup_ratio") is None:
+        kept["warmup_ratio"] = kept.pop("warmup_steps")
+        report.warn("warmup_steps", f"read as warmup_ratio: {warmup} (transformers reads below 1 as a share of steps)")
 
 
 def _activation_offloading(value: Any, kept: dict[Any, Any], report: Report) -> None:
