@@ -7,7 +7,7 @@
 #   release built against torch 2.11; the device returns about 8 files from $OUT, so the install log and env are
 #   printed, not kept)
 # WHEELS (the folder of wheels), PARTS (shape, packed, curve, profile, levers), BENCH_ARGS, BENCH_TIMEOUT (s),
-# LEVERS_ARGS choose what runs; levers: plugins/fp8/benchmarks/levers.py (what each float8 lever is worth).
+# LEVERS_ARGS, LEVERS_TIMEOUT (s) choose what runs; levers: plugins/fp8/benchmarks/levers.py (what each float8 lever is worth).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.device/fp8_whl}"/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
