@@ -10,7 +10,8 @@
 #   made here with `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
 #   manylinux_2_28_x86_64 -d .device/dpo_whl trl==1.16.0 datasets==4.8.5 fsspec==2026.2.0 ...`; pip installs,
 #   offline, only those the device lacks)
-# WHEELS (the folder of wheels), CONFIGS (names under configs/bench/), PAIRS (PROMPT:ANSWER), BENCH_ARGS,
+# WHEELS (the folder of wheels), CONFIGS (names under configs/bench/), PAIRS (PROMPT:ANSWER), PEER (the peer
+# arguments, default --peer trl; empty: ktrain alone), BENCH_ARGS,
 # BENCH_TIMEOUT (s) and PROFILE (a config name: profile its ktrain side, no peer) choose what runs.
 set -u
 W=${WHEELS:-.device/dpo_whl}
@@ -29,7 +30,7 @@ mkdir -p "$OUT/b"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python -c "import torch, transformers, peft, accelerate, datasets, trl; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'peft', peft.__version__, 'accelerate', accelerate.__version__, 'datasets', datasets.__version__, 'trl', trl.__version__)" 2>&1 | tail -1
 for c in ${CONFIGS:-llama_1p5b_dpo llama_1p5b_dpo_lora}; do
-  timeout ${BENCH_TIMEOUT:-230} ktrain bench "configs/bench/$c.yaml" --pairs ${PAIRS:-512:512} --peer trl ${BENCH_ARGS:-} \
+  timeout ${BENCH_TIMEOUT:-230} ktrain bench "configs/bench/$c.yaml" --pairs ${PAIRS:-512:512} ${PEER---peer trl} ${BENCH_ARGS:-} \
     --json "$OUT/b/$c.json" > "$OUT/b/$c.txt" 2>&1
   rc=$?; echo "$(date +%T) $c rc=$rc"; tr '\r' '\n' < "$OUT/b/$c.txt" | grep -E "^(ktrain|peer|device while|rows)" | cut -c1-300
   [ $rc -eq 0 ] || tail -4 "$OUT/b/$c.txt" | cut -c1-400

@@ -21,20 +21,21 @@ import torch.nn.functional as F
 from ktrain.data.formats import IGNORE
 from ktrain.run import distributed
 from ktrain_preference.keys import DEFAULT_BETA
-from ktrain_preference.objective import answer_logps, padded
+from ktrain_preference.logps import token_logps
+from ktrain_preference.objective import Reference, answer_sums, padded
 from ktrain_preference.unpaired import answer_of
 
 METRICS = ("rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected")
 
 
 class UnpairedObjective:
-    """Owner of the run's objective under ``rl: kto``; ``reference(inputs)`` returns the reference's logits."""
+    """Owner of the run's objective under ``rl: kto``; ``reference`` and ``head`` as for ``PairObjective``."""
 
-    def __init__(self, config: Any, reference: Any, device: Any):
+    def __init__(self, config: Any, reference: Reference, device: Any, head: bool):
         self.beta = config.rl_beta if config.rl_beta is not None else DEFAULT_BETA
         self.weights = (config.kto_desirable_weight, config.kto_undesirable_weight)
         self.limit = config.sequence_len
-        self.reference = reference
+        self.reference, self.head = reference, head
         self.device = device
         # the metrics' sums, the desirable and undesirable rows, the KL estimates and their count
         self.sums = torch.zeros(len(METRICS) + 4, dtype=torch.float64, device=device)
@@ -66,12 +67,13 @@ class UnpairedObjective:
             {"input_ids": batch[f"{p}input_ids"], "attention_mask": batch[f"{p}attention_mask"], "use_cache": False}
             for p in ("", "kl_")
         )
+        labels, kl_labels = batch["labels"], batch["kl_labels"]
         with torch.no_grad():
-            kl_logps, _ = answer_logps(model(**kl_inputs).logits, batch["kl_labels"])
-            ref_kl_logps, _ = answer_logps(self.reference(kl_inputs), batch["kl_labels"])
-            ref_logps, _ = answer_logps(self.reference(inputs), batch["labels"])
+            kl_logps, _ = answer_sums(token_logps(model, kl_inputs, kl_labels, self.head), kl_labels)
+            ref_kl_logps, _ = answer_sums(self.reference(kl_inputs, kl_labels), kl_labels)
+            ref_logps, _ = answer_sums(self.reference(inputs, labels), labels)
             kl = self._kl((kl_logps - ref_kl_logps).mean())
-        logps, _ = answer_logps(model(**inputs).logits, batch["labels"])
+        logps, _ = answer_sums(token_logps(model, inputs, labels, self.head), labels)
         ratios = logps - ref_logps
         good = batch["desirable"]
         desirable = self.weights[0] * (1 - F.sigmoid(self.beta * (ratios[good] - kl)))

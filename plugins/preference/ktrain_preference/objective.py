@@ -1,7 +1,8 @@
 """The preference objective: pairs collated chosen-then-rejected into one forward, and their loss.
 
 DPO and IPO are TRL's DPOTrainer's ``sigmoid`` (with conservative DPO's label smoothing) and ``ipo``
-losses, from the summed log-probabilities of each answer's tokens under the policy and the reference;
+losses, from the summed log-probabilities of each answer's tokens under the policy and the reference
+(computed without the full logits where the model allows: ``ktrain_preference.logps``);
 ORPO is TRL's ORPOTrainer's and SimPO its CPOTrainer's ``simpo``, from the mean log-probabilities, with
 the chosen sequences' NLL. A pair is one item: the loss of a step is the mean over the pairs of the
 global batch (the NLL term of ORPO and SimPO is a token mean within each micro-batch, as in TRL, weighted
@@ -20,7 +21,11 @@ import torch.nn.functional as F
 from ktrain.data.formats import IGNORE
 from ktrain.run import distributed
 from ktrain_preference.keys import DEFAULT_BETA, METHODS
+from ktrain_preference.logps import token_logps
 from ktrain_preference.pairs import split
+
+# (inputs, targets) -> the per-token log-probabilities of targets under the reference model
+Reference = Callable[[dict[str, Any], torch.Tensor], torch.Tensor]
 
 METRICS = (
     "rewards/chosen",
@@ -37,13 +42,11 @@ def _log1mexp(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x < -0.6931471805599453, torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
 
 
-def answer_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed log-probability of each row's labelled tokens, their count), the model's shift by one applied."""
-    targets = labels[:, 1:]
-    mask = targets != IGNORE
-    logps = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = logps.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    return (picked * mask).sum(-1), mask.sum(-1)
+def answer_sums(tokens: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed log-probability of each row's labelled tokens, their count) from ``[rows, length - 1]`` per-token
+    log-probabilities."""
+    mask = labels[:, 1:] != IGNORE
+    return (tokens * mask).sum(-1), mask.sum(-1)
 
 
 def padded(sequences: list[tuple[list[int], list[int]]], pad_id: int, pad_to: int | None) -> dict[str, torch.Tensor]:
@@ -64,17 +67,18 @@ def padded(sequences: list[tuple[list[int], list[int]]], pad_id: int, pad_to: in
 class PairObjective:
     """Owner of the run's objective under ``rl: dpo``, ``ipo``, ``orpo`` or ``simpo``.
 
-    ``reference(inputs)`` returns the reference model's logits (the base with the adapter switched off, or
-    a frozen copy of the model as loaded); None for ORPO and SimPO, which need none.
+    ``reference(inputs, targets)`` returns the reference model's per-token log-probabilities of ``targets``
+    (the base with the adapter switched off, or a frozen copy of the model as loaded); None for ORPO and
+    SimPO, which need none. ``head``: the model computes them through its chunked head (``logps``).
     """
 
-    def __init__(self, config: Any, reference: Callable[[dict[str, Any]], torch.Tensor] | None, device: Any):
+    def __init__(self, config: Any, reference: Reference | None, device: Any, head: bool):
         self.loss_type = METHODS[config.rl]
         self.beta = config.rl_beta if config.rl_beta is not None else DEFAULT_BETA
         self.alpha = config.orpo_alpha if config.orpo_alpha is not None else DEFAULT_BETA
         self.gamma, self.cpo_alpha = config.simpo_gamma, config.cpo_alpha
         self.smoothing = config.dpo_label_smoothing
-        self.reference = reference
+        self.reference, self.head = reference, head
         self.device = device
         self.sums = torch.zeros(len(METRICS) + 1, dtype=torch.float64, device=device)  # the metrics, then pairs
 
@@ -97,13 +101,18 @@ class PairObjective:
     def loss(self, model: Any, batch: dict[str, Any], num_items: float) -> torch.Tensor:
         """The pairs' summed loss over ``num_items``, from one forward of the policy (and one of the reference)."""
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "use_cache": False}
-        logits = model(**inputs).logits
-        logps, counts = answer_logps(logits, batch["labels"])
+        labels, targets = batch["labels"], batch["labels"]
+        pairs = len(labels) // 2
+        if self.loss_type == "orpo":  # its NLL is that of the whole chosen sequence, prompt included
+            whole = batch["input_ids"][:pairs].masked_fill(batch["attention_mask"][:pairs] == 0, IGNORE)
+            targets = torch.cat([whole, labels[pairs:]])
+        tokens = token_logps(model, inputs, targets, self.head)
+        logps, counts = answer_sums(tokens, labels)
         if self.loss_type in ("orpo", "simpo"):
-            total, shown = self._reference_free(logits, batch, logps / counts.clamp(min=1))
+            total, shown = self._reference_free(tokens, targets, logps / counts.clamp(min=1))
         else:
             with torch.no_grad():
-                ref_logps, _ = answer_logps(self.reference(inputs), batch["labels"])
+                ref_logps, _ = answer_sums(self.reference(inputs, labels), labels)
             total, shown = self._against_reference(logps, ref_logps, counts)
         if torch.is_grad_enabled():  # training, not evaluation: the metrics of the logged window
             self._record(*(value.detach() for value in shown))
@@ -122,23 +131,20 @@ class PairObjective:
             losses = self._sigmoid(chosen_ratio - rejected_ratio)
         return losses.sum(), (self.beta * chosen_ratio, self.beta * rejected_ratio, chosen, rejected)
 
-    def _reference_free(self, logits: Any, batch: dict[str, Any], mean_logps: Any) -> tuple[torch.Tensor, tuple]:
+    def _reference_free(self, tokens: Any, targets: Any, mean_logps: Any) -> tuple[torch.Tensor, tuple]:
         """ORPO (TRL's ORPOTrainer) or SimPO (TRL's CPOTrainer): from the answers' mean log-probabilities, plus
-        the NLL of the chosen sequences as a token mean over the micro-batch, counted once a pair."""
+        the NLL of the chosen sequences' targets as a token mean over the micro-batch, counted once a pair."""
         chosen, rejected = mean_logps.chunk(2)
         pairs = len(chosen)
-        if self.loss_type == "orpo":  # the NLL of the whole chosen sequence, prompt included
-            mask = batch["attention_mask"][:pairs, 1:]
-            targets = batch["input_ids"][:pairs, 1:].masked_fill(mask == 0, IGNORE)
+        if self.loss_type == "orpo":
             log_odds = (chosen - rejected) - (_log1mexp(chosen) - _log1mexp(rejected))
             losses, weight, scale = -self.alpha * F.logsigmoid(log_odds), 1.0, self.alpha
         else:  # SimPO: the target margin gamma, and cpo_alpha times the NLL of the chosen answers
-            targets = batch["labels"][:pairs, 1:]
             losses = self._sigmoid(chosen - rejected - self.gamma / self.beta)
             weight, scale = self.cpo_alpha, self.beta
         total = losses.sum()
         if weight:
-            nll = F.cross_entropy(logits[:pairs, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE)
+            nll = -tokens[:pairs].sum() / (targets[:pairs, 1:] != IGNORE).sum()
             total = total + weight * nll * pairs
         return total, (scale * chosen, scale * rejected, chosen, rejected)
 
@@ -162,22 +168,22 @@ class PairObjective:
         return {name: value / pairs for name, value in zip(METRICS, totals[:-1], strict=True)}
 
 
-def adapter_off(model: Any) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+def adapter_off(model: Any, head: bool) -> Reference:
     """The reference of an adapter run: ``model`` (a peft model) with its adapter switched off."""
 
-    def reference(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def reference(inputs: dict[str, torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
         with model.disable_adapter():
-            return model(**inputs).logits
+            return token_logps(model, inputs, targets, head)
 
     return reference
 
 
-def frozen(copy: Any) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+def frozen(copy: Any, head: bool) -> Reference:
     """The reference of full fine-tuning: a frozen copy of the model as loaded."""
     copy.eval()
     copy.requires_grad_(False)
 
-    def reference(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return copy(**inputs).logits
+    def reference(inputs: dict[str, torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
+        return token_logps(copy, inputs, targets, head)
 
     return reference

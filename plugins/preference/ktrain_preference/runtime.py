@@ -21,26 +21,32 @@ class Preference:
     def __init__(self, config: Any):
         self.config = config
         self.copy: Any = None
+        self.head = False
         self.objective: Any = None
 
     @hookimpl(trylast=True)
     def ktrain_wrap_model(self, model: Any, run: Any) -> None:
         """Keep a frozen copy of the loaded model as the reference, unless an adapter can be switched off (or the
-        method needs no reference)."""
+        method needs no reference); give the model (and the copy) the chunked log-probability head."""
+        from ktrain_preference.logps import add_logps_head
+
         if self.config.rl not in REFERENCE_FREE and not hasattr(model, "disable_adapter"):
             self.copy = copy.deepcopy(model)
+            add_logps_head(self.copy)
+        self.head = add_logps_head(model.get_base_model() if hasattr(model, "get_base_model") else model)
 
     @hookimpl
     def ktrain_build_objective(self, run: Any, engine: Any) -> Any:
         from ktrain_preference.kto import UnpairedObjective
         from ktrain_preference.objective import PairObjective, adapter_off, frozen
 
-        if self.config.rl in REFERENCE_FREE:
-            reference = None
-        else:
-            reference = adapter_off(run.model) if self.copy is None else frozen(self.copy.to(run.device))
+        reference = None
+        if self.config.rl not in REFERENCE_FREE and self.copy is None:
+            reference = adapter_off(run.model, self.head)
+        elif self.config.rl not in REFERENCE_FREE:
+            reference = frozen(self.copy.to(run.device), self.head)
         kind = UnpairedObjective if self.config.rl == "kto" else PairObjective
-        self.objective = kind(self.config, reference, run.device)
+        self.objective = kind(self.config, reference, run.device, self.head)
         return self.objective
 
     @hookimpl

@@ -1,0 +1,45 @@
+"""The chunked log-probability head gives the log-probabilities of the full logits, and their gradients, within 1e-5,
+computing only the positions that have a target, a few rows at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ktrain.data.formats import IGNORE
+from ktrain.testing import model_dir
+from ktrain_preference import logps
+
+
+def test_chunked_head_matches_the_full_logits_in_values_and_gradients(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir(tmp_path, weights=True), dtype=torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (3, 12), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[2, 9:] = 0  # a padded row
+    targets = ids.masked_fill(mask == 0, IGNORE)
+    targets[:, :5] = IGNORE  # the prompts
+    inputs = {"input_ids": ids, "attention_mask": mask, "use_cache": False}
+    weights = torch.randn(3, 11, generator=generator)  # a loss that weighs every position differently
+
+    def run(head: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        values = logps.token_logps(model, inputs, targets, head)
+        (values * weights).sum().backward()
+        return values.detach(), [p.grad.clone() for p in model.parameters()]
+
+    full, full_grads = run(head=False)
+    monkeypatch.setattr(logps, "CHUNK_ELEMENTS", 4 * model.config.vocab_size)  # 4 rows a chunk: 4 chunks here
+    assert logps.add_logps_head(model)
+    chunked, chunked_grads = run(head=True)
+    assert (full[targets[:, 1:] == IGNORE] == 0).all() and (chunked[targets[:, 1:] == IGNORE] == 0).all()
+    torch.testing.assert_close(chunked, full, rtol=0, atol=1e-5)
+    for a, b in zip(chunked_grads, full_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert model(**inputs).logits.shape == (3, 12, model.config.vocab_size)  # without targets: the usual forward
