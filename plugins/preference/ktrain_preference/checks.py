@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ktrain_preference.keys import GENERATION_METHODS, METHODS, PAIR_FORMAT
+from ktrain_preference.keys import GENERATION_METHODS, METHODS, PAIR_FORMAT, REFERENCE_FREE
 
 # Keys of plugins that replace the model's output layer and loss with a fused one that returns no logits.
 UNSHARED_LOSS_KEYS = ("fused_linear_cross_entropy", "liger_fused_linear_cross_entropy", "liger_cross_entropy")
@@ -37,6 +37,9 @@ def validate(config: Any, report: Any) -> None:
             report.error(name, "applies to rl: kto only; leave it out")
         elif getattr(config, name) <= 0:
             report.error(name, "must be above 0")
+    if config.precompute_ref_log_probs and method not in ("dpo", "ipo"):
+        why = "needs no reference" if method in REFERENCE_FREE else "pairs each prompt with other rows' answers"
+        report.error("precompute_ref_log_probs", f"applies to rl: dpo and rl: ipo (rl: {method} {why}); leave it out")
     if method == "kto" and config.micro_batch_size < 2:
         report.error(
             "micro_batch_size",

@@ -44,6 +44,7 @@ def ktrain_activate(config: Any, activate) -> None:
         "cpo_alpha",
         "kto_desirable_weight",
         "kto_undesirable_weight",
+        "precompute_ref_log_probs",
     )
     keys = tuple(name for name in names if config.is_set(name))
     activate("ktrain_preference.runtime:Preference", roles=("objective",), keys=keys)

@@ -36,3 +36,8 @@ class PreferenceKeys:
     cpo_alpha: float = key(1.0, "SimPO: weight of the chosen answers' NLL beside the preference loss (0: none)")
     kto_desirable_weight: float = key(1.0, "KTO: weight of the losses of the desirable answers (label: true)")
     kto_undesirable_weight: float = key(1.0, "KTO: weight of the losses of the undesirable answers (label: false)")
+    precompute_ref_log_probs: bool = key(
+        False,
+        "DPO, IPO: compute the reference's log-probabilities of every pair once before training (kept beside the "
+        "preprocessing cache); training then holds no reference model and runs no reference forward",
+    )

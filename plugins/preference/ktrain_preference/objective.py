@@ -22,7 +22,7 @@ from ktrain.data.formats import IGNORE
 from ktrain.run import distributed
 from ktrain_preference.keys import DEFAULT_BETA, METHODS
 from ktrain_preference.logps import token_logps
-from ktrain_preference.pairs import split
+from ktrain_preference.pairs import sample_key, split
 
 # (inputs, targets) -> the per-token log-probabilities of targets under the reference model
 Reference = Callable[[dict[str, Any], torch.Tensor], torch.Tensor]
@@ -79,6 +79,8 @@ class PairObjective:
         self.gamma, self.cpo_alpha = config.simpo_gamma, config.cpo_alpha
         self.smoothing = config.dpo_label_smoothing
         self.reference, self.head = reference, head
+        # precompute_ref_log_probs: each sample's reference (chosen, rejected) log-probabilities by its digest
+        self.precomputed: dict[bytes, tuple[float, float]] | None = None
         self.device = device
         self.sums = torch.zeros(len(METRICS) + 1, dtype=torch.float64, device=device)  # the metrics, then pairs
 
@@ -96,7 +98,11 @@ class PairObjective:
             at = split(labels)
             chosen.append((ids[:at], labels[:at]))
             rejected.append((ids[at:], labels[at:]))
-        return padded(chosen + rejected, pad_id, pad_to)
+        batch = padded(chosen + rejected, pad_id, pad_to)
+        if self.precomputed is not None:
+            values = [self.precomputed[sample_key(s.input_ids, s.labels)] for (s,) in rows]
+            batch["ref_logps"] = torch.tensor([c for c, _ in values] + [r for _, r in values], dtype=torch.float32)
+        return batch
 
     def loss(self, model: Any, batch: dict[str, Any], num_items: float) -> torch.Tensor:
         """The pairs' summed loss over ``num_items``, from one forward of the policy (and one of the reference)."""
@@ -111,8 +117,11 @@ class PairObjective:
         if self.loss_type in ("orpo", "simpo"):
             total, shown = self._reference_free(tokens, targets, logps / counts.clamp(min=1))
         else:
-            with torch.no_grad():
-                ref_logps, _ = answer_sums(self.reference(inputs, labels), labels)
+            if "ref_logps" in batch:  # precompute_ref_log_probs
+                ref_logps = batch["ref_logps"]
+            else:
+                with torch.no_grad():
+                    ref_logps, _ = answer_sums(self.reference(inputs, labels), labels)
             total, shown = self._against_reference(logps, ref_logps, counts)
         if torch.is_grad_enabled():  # training, not evaluation: the metrics of the logged window
             self._record(*(value.detach() for value in shown))

@@ -16,8 +16,11 @@ tokenizer its special tokens, as in TRL.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from ktrain.data import templates
 from ktrain.data.formats import IGNORE
@@ -106,3 +109,9 @@ def split(labels: Sequence[int]) -> int:
     """Where the rejected sequence starts in a pair's sample: the first -100 after the first labelled token."""
     at = next(i for i, label in enumerate(labels) if label != IGNORE)
     return next(i for i in range(at, len(labels)) if labels[i] == IGNORE)
+
+
+def sample_key(ids: Sequence[int], labels: Sequence[int]) -> bytes:
+    """A digest of a sample's tokens and labels (what its precomputed reference log-probabilities are found by)."""
+    data = np.asarray(ids, dtype=np.int32).tobytes() + b"|" + np.asarray(labels, dtype=np.int32).tobytes()
+    return hashlib.blake2b(data, digest_size=16).digest()

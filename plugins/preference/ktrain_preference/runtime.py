@@ -3,7 +3,8 @@
 Registered by the entry module only when ``rl`` is written; it owns the role ``objective``. The
 reference is the base with the adapter switched off when the model is a peft adapter (no copy), else a
 frozen copy of the model as loaded, taken before any training step (so a resumed run has the same one).
-ORPO and SimPO need none.
+ORPO and SimPO need none; under ``precompute_ref_log_probs`` there is none either: the reference's
+log-probabilities are computed before the first step (``ktrain_preference.reference``).
 """
 
 from __future__ import annotations
@@ -30,10 +31,19 @@ class Preference:
         method needs no reference); give the model (and the copy) the chunked log-probability head."""
         from ktrain_preference.logps import add_logps_head
 
-        if self.config.rl not in REFERENCE_FREE and not hasattr(model, "disable_adapter"):
+        live = self.config.rl not in REFERENCE_FREE and not self.config.precompute_ref_log_probs
+        if live and not hasattr(model, "disable_adapter"):
             self.copy = copy.deepcopy(model)
             add_logps_head(self.copy)
         self.head = add_logps_head(model.get_base_model() if hasattr(model, "get_base_model") else model)
+        if run.is_main and self.config.rl not in REFERENCE_FREE:
+            if self.copy is not None:
+                kind = "a frozen copy of the model as loaded"
+            elif not live:
+                kind = "precomputed before training (no reference model)"
+            else:
+                kind = "the base with the adapter switched off"
+            print(f"preference: the reference is {kind}", flush=True)
 
     @hookimpl
     def ktrain_build_objective(self, run: Any, engine: Any) -> Any:
@@ -41,12 +51,17 @@ class Preference:
         from ktrain_preference.objective import PairObjective, adapter_off, frozen
 
         reference = None
-        if self.config.rl not in REFERENCE_FREE and self.copy is None:
+        live = self.config.rl not in REFERENCE_FREE and not self.config.precompute_ref_log_probs
+        if live and self.copy is None:
             reference = adapter_off(run.model, self.head)
-        elif self.config.rl not in REFERENCE_FREE:
+        elif live:
             reference = frozen(self.copy.to(run.device), self.head)
         kind = UnpairedObjective if self.config.rl == "kto" else PairObjective
         self.objective = kind(self.config, reference, run.device, self.head)
+        if self.config.precompute_ref_log_probs:  # before any step: the model is still the reference
+            from ktrain_preference.reference import precomputed
+
+            self.objective.precomputed = precomputed(run, self.objective, run.model)
         return self.objective
 
     @hookimpl

@@ -1,5 +1,6 @@
 """DPO on 2 CPU ranks: DDP and FSDP2 give the losses of one process (global batch 8 as 1 rank x 2 micro-batches
-of 4, and as 2 ranks x 1), and a DDP run killed mid-step resumes from its checkpoint and continues exactly."""
+of 4, and as 2 ranks x 1), and a DDP run killed mid-step resumes from its checkpoint and continues exactly. With
+precompute_ref_log_probs one process gives the losses of the live reference, holding no reference model."""
 
 from __future__ import annotations
 
@@ -55,6 +56,15 @@ def test_fsdp2_two_ranks_match_one_process(root: Path) -> None:
     done = ktrain("run", str(_config(root, "fsdp2", fsdp_version=2)), "--nproc-per-node", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     _same_losses(root, "fsdp2")
+
+
+def test_precomputed_reference_log_probs_give_the_losses_of_the_live_reference(root: Path) -> None:
+    config = _config(root, "precomputed", gradient_accumulation_steps=2, precompute_ref_log_probs=True)
+    done = ktrain("run", str(config))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the reference is precomputed before training (no reference model)" in done.stdout
+    assert "frozen copy" not in done.stdout and "log-probabilities of 16 samples into" in done.stdout
+    _same_losses(root, "precomputed")
 
 
 def test_ddp_two_ranks_match_one_process_and_resume_exactly_after_a_kill(root: Path) -> None:

@@ -1,0 +1,99 @@
+"""``precompute_ref_log_probs: true``: the reference's log-probabilities of every pair, computed once before training.
+
+Before the first step the model is still the reference (the model as loaded; under an adapter, the base with
+the adapter switched off), so one pass without gradients over every sample of the preprocessing cache (the
+training samples and the test samples) gives each pair's summed log-probabilities of its chosen and rejected
+answers. The ranks share the samples and sum their parts. They are kept beside the cache's tables, in a file
+named by the model and the compute dtype, so a resumed run (or the next run on the same data and model)
+reads them. A sample is found again by a digest of its tokens and labels. Training then holds no reference
+model and runs no reference forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ktrain.data import cache, pipeline
+from ktrain.run import distributed
+from ktrain_preference.logps import token_logps
+from ktrain_preference.objective import answer_sums
+from ktrain_preference.pairs import sample_key
+
+
+def _model_key(config: Any, dtype: torch.dtype) -> str:
+    """The model's identity: its source (and, for a local folder, its files' sizes and times) and the dtypes."""
+    facts: list[Any] = [config.base_model, config.revision_of_model, config.random_init_weights, str(dtype)]
+    facts += [getattr(config, "bfloat16", None), config.seed if config.random_init_weights else None]
+    source = Path(str(config.base_model))
+    if source.is_dir():
+        facts += [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(source.iterdir()) if p.is_file()]
+    return hashlib.sha256(json.dumps(facts, default=str).encode()).hexdigest()[:16]
+
+
+def _compute(run: Any, objective: Any, model: Any, samples: list[Any]) -> np.ndarray:
+    """``[samples, 2]`` summed log-probabilities (chosen, rejected) of ``model``, the ranks sharing the samples."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    micro = run.config.micro_batch_size
+    mine = list(range(rank, len(samples), world))
+    batches = math.ceil(math.ceil(len(samples) / world) / micro)  # the same on every rank: sharded models need it
+    pad_to = run.config.sequence_len if run.config.pad_to_sequence_len else None
+    autocast = (
+        torch.autocast(run.device.type, dtype=run.compute_dtype)
+        if run.compute_dtype != torch.float32
+        else contextlib.nullcontext()
+    )
+    out = torch.zeros(len(samples), 2, dtype=torch.float32, device=run.device)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad(), autocast:
+        for b in range(batches):
+            picked = mine[b * micro : (b + 1) * micro]
+            rows = [[samples[i]] for i in picked] or [[samples[0]]]  # a rank without samples left runs one anyway
+            batch = objective.collate(rows, run.pad_id, pad_to, None, run.device)
+            inputs = {k: batch[k].to(run.device) for k in ("input_ids", "attention_mask")}
+            labels = batch["labels"].to(run.device)
+            sums, _ = answer_sums(token_logps(model, {**inputs, "use_cache": False}, labels, objective.head), labels)
+            if picked:
+                out[picked] = torch.stack(sums.float().chunk(2), dim=1)
+    model.train(was_training)
+    if world > 1:
+        dist.all_reduce(out)
+    return out.cpu().numpy()
+
+
+def precomputed(run: Any, objective: Any, model: Any) -> dict[bytes, tuple[float, float]]:
+    """Every cached sample's reference (chosen, rejected) log-probabilities: read, or computed with ``model`` (the
+    model before any step; a peft model's adapter is switched off) and written beside the cache."""
+    folder = pipeline.cache_folder(run.config, run.output_dir, run.tokenizer, run.plan.formats)
+    path = folder / f"reference-logps-{_model_key(run.config, run.compute_dtype)}.npz"
+    if not path.is_file():
+        prepared = cache.read(folder)
+        tables = [t for t in (prepared.train, prepared.test) if t is not None]
+        samples = [table[i] for table in tables for i in range(len(table))]
+        off = model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext()
+        with off:
+            values = _compute(run, objective, model, samples)
+        if run.local_rank == 0:
+            digests = b"".join(sample_key(s.input_ids, s.labels) for s in samples)
+            keys = np.frombuffer(digests, dtype=np.uint8).reshape(len(samples), 16)
+            partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.npz")
+            np.savez(partial, keys=keys, values=values)
+            os.replace(partial, path)
+        distributed.barrier()
+        if run.is_main:
+            print(f"preference: the reference's log-probabilities of {len(samples)} samples into {path}", flush=True)
+    elif run.is_main:
+        print(f"preference: the reference's log-probabilities read from {path}", flush=True)
+    stored = np.load(path)
+    return {k.tobytes(): (float(c), float(r)) for k, (c, r) in zip(stored["keys"], stored["values"], strict=True)}
