@@ -756,7 +756,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "dpo_padding_free",
         "dpo_loss_type",
         "dpo_loss_weights",
-        "precompute_ref_log_probs",
         "rpo_alpha",
         "nemo_gym_enabled",
         "nemo_gym_dir",

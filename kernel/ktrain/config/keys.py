@@ -276,6 +276,7 @@ PLUGIN_KEYS: dict[str, tuple[str, ...]] = {
         "cpo_alpha",
         "kto_desirable_weight",
         "kto_undesirable_weight",
+        "precompute_ref_log_probs",
     ),
     "ktrain-plugin-wandb": (
         "use_wandb",
