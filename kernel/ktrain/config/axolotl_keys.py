@@ -823,7 +823,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "this quantization is not supported; ktrain-plugin-lora loads 4-bit and 8-bit bitsandbytes weights "
     "(load_in_4bit, load_in_8bit)": (
         "gptq",
-        "qat",
         "quantization",
         "model_quantization_config",
         "model_quantization_config_kwargs",
