@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ktrain import hookimpl
-from ktrain_qat.keys import SUPPORTED, QatKeys
+from ktrain_qat.keys import NVFP4, SUPPORTED, QatKeys
 
 
 @hookimpl
@@ -33,7 +33,7 @@ def ktrain_validate_config(config: Any, report: Any) -> None:
         report.error(
             "qat.weight_dtype",
             f"{qat.weight_dtype} weights with activation_dtype {qat.activation_dtype or 'none'} are not supported by "
-            f"ktrain-plugin-qat; these are: {_pairs()}",
+            f"ktrain-plugin-qat{' (' + NVFP4 + ')' if 'nvfp4' in pair else ''}; these are: {_pairs()}",
         )
     elif SUPPORTED[pair] is not None and qat.group_size not in (None, SUPPORTED[pair]):
         size = SUPPORTED[pair]

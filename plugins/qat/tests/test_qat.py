@@ -101,7 +101,7 @@ def test_pairs_and_combinations_it_does_not_train_are_refused(tmp_path: Path) ->
     model_dir(tmp_path)
     dataset(tmp_path, 4)
     cases = {
-        "qat.weight_dtype: nvfp4 weights with activation_dtype nvfp4 are not supported by ktrain-plugin-qat": {
+        "nvfp4 are not supported by ktrain-plugin-qat (torchao's NVFP4 training runs FP4 matmuls that only": {
             "qat": {"weight_dtype": "nvfp4", "activation_dtype": "nvfp4", "group_size": 16}
         },
         "qat.group_size: mxfp4 quantizes blocks of 32": {
