@@ -16,7 +16,7 @@ import attrs
 import pytest
 
 from ktrain.config.activation import discover
-from ktrain.config.axolotl import HANDLED_HERE, _attrs_class, check_plugins, classify
+from ktrain.config.axolotl import HANDLED_HERE, _attrs_class, check_plugins, classify, sift
 from ktrain.config.axolotl_keys import (
     ACCEPTED,
     ACCEPTED_INTEGRATIONS,
@@ -242,6 +242,19 @@ def test_reinit_weights_gemma4_attention_checkpointing_tokens_and_warmup_are_tra
         prepare(path, ["reinit_weights=yes please", "gemma4_hybrid_attn_impl=2"])
     assert "reinit_weights: expected true or false" in str(e.value)
     assert "gemma4_hybrid_attn_impl: expected true or false" in str(e.value)
+
+
+def test_refusals_say_what_ktrain_offers_and_dpo_beta_is_read_as_rl_beta() -> None:
+    assert "classification heads" in classify("num_labels")[1] and "rl: dpo" in classify("reward_model")[1]
+    assert "generation engine" in classify("trl")[1] and "not installed" not in classify("vllm")[1]
+    assert "leave the key out" in classify("tokenizer_use_mistral_common")[1]
+    report = Report()
+    assert sift({"dpo_beta": 0.2}, {}, report, set()) == {"rl_beta": 0.2}
+    assert sift({"dpo_beta": 0.2, "rl_beta": 0.1}, {}, report, set()) == {"rl_beta": 0.1}
+    assert [p.message for p in report.problems] == [
+        "read as rl_beta (Axolotl's former spelling)",
+        "not used: rl_beta is written, and Axolotl reads it first",
+    ]
 
 
 def test_classify_names_nested_keys_by_prefix() -> None:

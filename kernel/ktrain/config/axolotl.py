@@ -30,6 +30,7 @@ HANDLED_HERE = (
     "cut_cross_entropy",
     "reinit_weights",
     "gemma4_hybrid_attn_impl",
+    "dpo_beta",
 )
 # attn_implementation values of Axolotl that name another kernel for the same exact attention.
 SAME_ATTENTION = {"xformers": "sdpa", "kernels-community/vllm-flash-attn3": "flash_attention_2"}
@@ -85,6 +86,8 @@ def sift(data: dict[Any, Any], sections: dict[str, type], report: Report, instal
         _reinit_weights(data["reinit_weights"], kept, report)
     if data.get("gemma4_hybrid_attn_impl") is not None:
         _gemma4_hybrid_attention(data["gemma4_hybrid_attn_impl"], kept, report)
+    if data.get("dpo_beta") is not None:
+        _dpo_beta(data["dpo_beta"], kept, report)
     _checkpointing_once(kept, report)
     _older_spellings(kept, report)
     written = kept.get("attn_implementation")
@@ -116,6 +119,15 @@ def _reinit_weights(value: Any, kept: dict[Any, Any], report: Report) -> None:
     else:
         kept["random_init_weights"] = True
         report.warn("reinit_weights", "read as random_init_weights: true (the model's config with random weights)")
+
+
+def _dpo_beta(value: Any, kept: dict[Any, Any], report: Report) -> None:
+    """Axolotl's former spelling of ``rl_beta``, read as it where ``rl_beta`` is not written (as Axolotl does)."""
+    if kept.get("rl_beta") is None:
+        kept["rl_beta"] = value
+        report.warn("dpo_beta", "read as rl_beta (Axolotl's former spelling)")
+    else:
+        report.warn("dpo_beta", "not used: rl_beta is written, and Axolotl reads it first")
 
 
 def _gemma4_hybrid_attention(value: Any, kept: dict[Any, Any], report: Report) -> None:

@@ -738,25 +738,11 @@ ACCEPTED: dict[str, tuple[str, ...]] = {
 }
 
 UNSUPPORTED: dict[str, tuple[str, ...]] = {
-    "preference tuning and RL (DPO, ORPO, KTO, GRPO, reward models) need a plugin that is not installed; "
-    "ktrain trains supervised and pretraining objectives": (
+    "RL that generates during training (GRPO, EBFT, NeMo Gym, Tinker) needs a generation engine, which ktrain does "
+    "not have; preference pairs train with rl: dpo, ipo, orpo, simpo or kto (ktrain-plugin-preference)": (
         "trl",
         "vllm",
         "ebft",
-        "reward_model",
-        "process_reward_model",
-        "center_rewards_coefficient",
-        "num_labels",
-        "dpo_beta",
-        "dpo_use_logits_to_keep",
-        "dpo_generate_during_eval",
-        "dpo_norm_loss",
-        "dpo_use_weighting",
-        "dpo_use_liger_kernel",
-        "dpo_padding_free",
-        "dpo_loss_type",
-        "dpo_loss_weights",
-        "rpo_alpha",
         "nemo_gym_enabled",
         "nemo_gym_dir",
         "nemo_gym_auto_clone",
@@ -772,6 +758,25 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "nemo_gym_max_turns",
         "hatchery",
         *(f"trl.{name}" for name in TRL),
+    ),
+    "reward models and classification heads are not supported; ktrain trains causal language models (on "
+    "preference pairs with rl: dpo, ipo, orpo, simpo or kto, ktrain-plugin-preference)": (
+        "reward_model",
+        "process_reward_model",
+        "center_rewards_coefficient",
+        "num_labels",
+    ),
+    "this DPO setting is not supported by ktrain-plugin-preference (rl_beta, dpo_label_smoothing, "
+    "precompute_ref_log_probs are)": (
+        "dpo_use_logits_to_keep",
+        "dpo_generate_during_eval",
+        "dpo_norm_loss",
+        "dpo_use_weighting",
+        "dpo_use_liger_kernel",
+        "dpo_padding_free",
+        "dpo_loss_type",
+        "dpo_loss_weights",
+        "rpo_alpha",
     ),
     "vision and multimodal models are not supported by ktrain yet": (
         "processor_type",
@@ -1049,7 +1054,8 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "Axolotl's other spelling of revision_of_model: write revision_of_model": ("model_revision",),
     "Axolotl's other spelling of model_type: write model_type": ("type_of_model",),
     "Axolotl's other spelling of model_config: write model_config": ("overrides_of_model_config",),
-    "the Mistral tokenizer library is not supported; ktrain loads the tokenizer with AutoTokenizer": (
+    "the Mistral tokenizer library (mistral-common) is not supported; leave the key out to load the model "
+    "folder's Hugging Face tokenizer (tokenizer.json) with AutoTokenizer, and check its chat template": (
         "tokenizer_use_mistral_common",
     ),
     "each rank holds the whole model unless FSDP or DeepSpeed shards it; placing layers by memory is not supported": (
