@@ -1,6 +1,7 @@
 """DPO on 2 CPU ranks: DDP and FSDP2 give the losses of one process (global batch 8 as 1 rank x 2 micro-batches
-of 4, and as 2 ranks x 1), and a DDP run killed mid-step resumes from its checkpoint and continues exactly. With
-precompute_ref_log_probs one process gives the losses of the live reference, holding no reference model."""
+of 4, and as 2 ranks x 1), and a DDP run killed mid-step resumes from its checkpoint and continues exactly. The
+DDP run precomputes its reference log-probabilities (precompute_ref_log_probs), holding no reference model: its
+losses are those of the one process's live reference, and the resumed run reads them back."""
 
 from __future__ import annotations
 
@@ -58,24 +59,19 @@ def test_fsdp2_two_ranks_match_one_process(root: Path) -> None:
     _same_losses(root, "fsdp2")
 
 
-def test_precomputed_reference_log_probs_give_the_losses_of_the_live_reference(root: Path) -> None:
-    config = _config(root, "precomputed", gradient_accumulation_steps=2, precompute_ref_log_probs=True)
-    done = ktrain("run", str(config))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "the reference is precomputed before training (no reference model)" in done.stdout
-    assert "frozen copy" not in done.stdout and "log-probabilities of 16 samples into" in done.stdout
-    _same_losses(root, "precomputed")
-
-
-def test_ddp_two_ranks_match_one_process_and_resume_exactly_after_a_kill(root: Path) -> None:
-    config = _config(root, "ddp", save_steps=2)
+def test_ddp_two_ranks_with_precomputed_reference_match_one_process_and_resume_exactly_after_a_kill(
+    root: Path,
+) -> None:
+    config = _config(root, "ddp", save_steps=2, precompute_ref_log_probs=True)
     killed = ktrain("run", str(config), "--nproc-per-node", "2", env={"KTRAIN_FAULT": "forward:4:*:sigkill"})
     assert killed.returncode != 0
+    assert "the reference is precomputed before training (no reference model)" in killed.stdout
+    assert "frozen copy" not in killed.stdout and "log-probabilities of 16 samples into" in killed.stdout
     before = read_metrics(root / "ddp")
     assert sorted(before) == [1, 2, 3]  # step 3 logged, not checkpointed: it runs again after the resume
     resumed = ktrain("run", str(config), "--nproc-per-node", "2", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout
+    assert "resumed from" in resumed.stdout and "the reference's log-probabilities read from" in resumed.stdout
     after = read_metrics(root / "ddp")
     assert after[3] == before[3]  # the step after the checkpoint, run twice: the same loss to the bit
     assert read_metrics(root / "ddp", "rewards/margins")[3] != 0.0
