@@ -259,6 +259,8 @@ def test_refusals_say_what_ktrain_offers_and_dpo_beta_is_read_as_rl_beta() -> No
 
 def test_classify_names_nested_keys_by_prefix() -> None:
     assert classify("trl.beta")[0] == "unsupported"
+    assert "reward models" in classify("datasets[].step_separator")[1]  # a process reward model's dataset
+    assert "synthetic" in classify("datasets[].min_input_id")[1]
     assert classify("fsdp_config.use_orig_params")[0] == "accepted"
     assert classify("not_an_axolotl_key") is None
 

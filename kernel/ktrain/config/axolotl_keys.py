@@ -540,6 +540,14 @@ DATASET_ITEM: tuple[str, ...] = (
     "skip",
     "field_chosen",
     "field_rejected",
+    "step_separator",
+    "max_completion_length",
+    "train_on_last_step_only",
+    "length",
+    "sequence_length",
+    "min_input_id",
+    "max_input_id",
+    "seed",
 )
 
 FSDP_CONFIG: tuple[str, ...] = (
@@ -765,6 +773,17 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "process_reward_model",
         "center_rewards_coefficient",
         "num_labels",
+        "datasets[].step_separator",
+        "datasets[].max_completion_length",
+        "datasets[].train_on_last_step_only",
+    ),
+    "Axolotl's synthetic datasets (path: synthetic) are not supported; `ktrain bench` times a config on random "
+    "tokens": (
+        "datasets[].length",
+        "datasets[].sequence_length",
+        "datasets[].min_input_id",
+        "datasets[].max_input_id",
+        "datasets[].seed",
     ),
     "this DPO setting is not supported by ktrain-plugin-preference (rl_beta, dpo_label_smoothing, "
     "precompute_ref_log_probs are)": (
