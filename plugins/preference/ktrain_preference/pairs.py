@@ -56,6 +56,13 @@ def _prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def render_text(prompt: str, answers: Sequence[str], tokenizer: Any) -> tuple[list[int], list[list[int]]]:
+    """Plain text as TRL tokenizes it: the prompt, and the prompt with each answer ended by the EOS token."""
+    eos = tokenizer.eos_token or ""
+    texts = [v if v.endswith(eos) else v + eos for v in answers]
+    return tokenizer(prompt)["input_ids"], [tokenizer(prompt + text)["input_ids"] for text in texts]
+
+
 def render(
     row: dict, tokenizer: Any, entry: Any, config: Any, answers: Sequence[str]
 ) -> tuple[list[int], list[list[int]]]:
@@ -66,9 +73,7 @@ def render(
             raise KeyError(name)
     prompt, texts = row[field], [row[name] for name in answers]
     if field == "prompt" and all(isinstance(v, str) for v in (prompt, *texts)):
-        eos = tokenizer.eos_token or ""
-        texts = [v if v.endswith(eos) else v + eos for v in texts]
-        return tokenizer(prompt)["input_ids"], [tokenizer(prompt + text)["input_ids"] for text in texts]
+        return render_text(prompt, texts, tokenizer)
     mapping = entry.message_property_mappings or {}
     turns = [_turn(prompt, mapping, "user")] if isinstance(prompt, str) else [_turn(t, mapping, "user") for t in prompt]
     template = templates.resolve(templates.template_name(entry, config), config, tokenizer, "chat_template")
@@ -98,7 +103,11 @@ def tokenize_pair(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | 
     """A preference row as one sample ``prompt + chosen + prompt + rejected``, the answers labelled."""
     chosen_field, rejected_field = entry.field_chosen or "chosen", entry.field_rejected or "rejected"
     prompt, (with_chosen, with_rejected) = render(row, tokenizer, entry, config, (chosen_field, rejected_field))
-    limit = config.sequence_len
+    return pair_sample(prompt, with_chosen, with_rejected, config.sequence_len)
+
+
+def pair_sample(prompt: list[int], with_chosen: list[int], with_rejected: list[int], limit: int) -> dict:
+    """The sample ``prompt + chosen + prompt + rejected`` of a pair's token ids, each sequence cut at ``limit``."""
     start = answer_start(prompt, (with_chosen, with_rejected), limit)
     chosen, rejected = with_chosen[:limit], with_rejected[:limit]
     labels = [IGNORE] * start + chosen[start:] + [IGNORE] * start + rejected[start:]

@@ -96,3 +96,27 @@ def test_a_pair_whose_prompt_fills_sequence_len_is_reported_by_the_data_check(
     assert main(["preprocess", str(AXOLOTL_DPO), *sets, "--check-only"]) == 2
     out = capsys.readouterr().out
     assert "sample 0" in out and "fill sequence_len 64" in out and "1 kept" in out
+
+
+def test_axolotl_chatml_and_llama3_preference_types_are_written_as_axolotl_writes_them(
+    root: Path, capsys: pytest.CaptureFixture
+) -> None:
+    cases = {
+        "chatml.intel": (
+            {"system": "Be brief.", "question": "1+1=", "chosen": "2", "rejected": "3"},
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n1+1=<|im_end|>\n<|im_start|>assistant\n",
+            "[[2<|im_end|>]]",
+        ),
+        "llama3.default": (
+            {"instruction": "1+1=", "chosen_response": "2", "rejected_response": "3"},
+            "<|start_header_id|>user<|end_header_id|>\n\n1+1=<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+            "[[2<|eot_id|><|im_end|>]]",  # the tiny tokenizer's EOS is <|im_end|>; TRL appends it to text answers
+        ),
+    }
+    for name, (row, prompt, answer) in cases.items():
+        path = root / f"{name}.jsonl"
+        path.write_text(json.dumps(row) + "\n", encoding="utf-8")
+        sets = _sets(root, **{"datasets.0.path": path, "datasets.0.type": name, "sequence_len": 128})
+        assert main(["preprocess", str(AXOLOTL_DPO), *sets, "--check-only"]) == 0, capsys.readouterr().err[-2000:]
+        out = capsys.readouterr().out
+        assert f"{prompt}{answer}{prompt}{answer.replace('2', '3')}" in out, out[-1500:]
