@@ -197,7 +197,7 @@ def test_moe_kernels_that_compute_the_same_experts_are_accepted_and_those_changi
     ]
     for key in ("use_kernels", "use_scattermoe", "use_sonicmoe", "expert_backend", "experts_implementation"):
         assert classify(key)[0] == "accepted", key
-    for key in ("llama4_linearized_experts", "use_dsv4_kernels", "expert_parallel_size"):
+    for key in ("use_dsv4_kernels", "expert_parallel_size"):
         assert classify(key)[0] == "unsupported", key
 
 
@@ -244,10 +244,17 @@ def test_reinit_weights_gemma4_attention_checkpointing_tokens_and_warmup_are_tra
     assert "gemma4_hybrid_attn_impl: expected true or false" in str(e.value)
 
 
-def test_refusals_say_what_ktrain_offers_and_dpo_beta_is_read_as_rl_beta() -> None:
+def test_refusals_say_what_ktrain_offers_linearized_experts_and_dpo_beta() -> None:
     assert "classification heads" in classify("num_labels")[1] and "rl: dpo" in classify("reward_model")[1]
     assert "generation engine" in classify("trl")[1] and "not installed" not in classify("vllm")[1]
     assert "leave the key out" in classify("tokenizer_use_mistral_common")[1]
+    report = Report()
+    fused = {"llama4_linearized_experts": True, "adapter": "qlora", "lora_target_modules": ["self_attn.q_proj"]}
+    assert sift(fused, {}, report, set()) == {"adapter": "qlora", "lora_target_modules": ["self_attn.q_proj"]}
+    assert "the same parameters train" in report.problems[-1].message and not report.errors
+    sift({**fused, "lora_target_modules": ["experts.up_projs.[0-9]+$"]}, {}, report, set())
+    sift({**fused, "lora_target_linear": True}, {}, report, set())
+    assert [p.message.startswith("puts LoRA on each expert") for p in report.problems[-2:]] == [True, True]
     report = Report()
     assert sift({"dpo_beta": 0.2}, {}, report, set()) == {"rl_beta": 0.2}
     assert sift({"dpo_beta": 0.2, "rl_beta": 0.1}, {}, report, set()) == {"rl_beta": 0.1}

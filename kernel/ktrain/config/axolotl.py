@@ -31,6 +31,7 @@ HANDLED_HERE = (
     "reinit_weights",
     "gemma4_hybrid_attn_impl",
     "dpo_beta",
+    "llama4_linearized_experts",
 )
 # attn_implementation values of Axolotl that name another kernel for the same exact attention.
 SAME_ATTENTION = {"xformers": "sdpa", "kernels-community/vllm-flash-attn3": "flash_attention_2"}
@@ -86,6 +87,8 @@ def sift(data: dict[Any, Any], sections: dict[str, type], report: Report, instal
         _reinit_weights(data["reinit_weights"], kept, report)
     if data.get("gemma4_hybrid_attn_impl") is not None:
         _gemma4_hybrid_attention(data["gemma4_hybrid_attn_impl"], kept, report)
+    if data.get("llama4_linearized_experts") is not None:
+        _linearized_experts(data["llama4_linearized_experts"], kept, report)
     if data.get("dpo_beta") is not None:
         _dpo_beta(data["dpo_beta"], kept, report)
     _checkpointing_once(kept, report)
@@ -119,6 +122,32 @@ def _reinit_weights(value: Any, kept: dict[Any, Any], report: Report) -> None:
     else:
         kept["random_init_weights"] = True
         report.warn("reinit_weights", "read as random_init_weights: true (the model's config with random weights)")
+
+
+def _linearized_experts(value: Any, kept: dict[Any, Any], report: Report) -> None:
+    """Axolotl's ``llama4_linearized_experts``: Llama 4's fused expert weights rewritten as one linear layer per
+    expert, the same computation in another layout, which ``load_in_4bit`` then quantizes and LoRA can target.
+    Where no LoRA reaches the experts, the same parameters train with the fused experts kept (unquantized);
+    where it does (``lora_target_linear`` or an ``experts`` target), it is refused."""
+    key = "llama4_linearized_experts"
+    targets = kept.get("lora_target_modules") or []
+    targets = [targets] if isinstance(targets, str) else targets
+    if value is False:
+        report.warn(key, "accepted as off")
+    elif value is not True:
+        report.error(key, f"expected true or false, got {value!r}")
+    elif kept.get("adapter") and (kept.get("lora_target_linear") is True or any("experts" in str(t) for t in targets)):
+        report.error(
+            key,
+            "puts LoRA on each expert's linear layer (lora_target_linear or an experts target), which ktrain's fused "
+            "experts do not have; put LoRA on them with lora_target_parameters, or leave this out",
+        )
+    else:
+        report.warn(
+            key,
+            "accepted: the experts stay fused and in the checkpoint's precision, the same parameters train (no LoRA "
+            "targets them); they take 2 to 4 times the memory of Axolotl's quantized per-expert layers",
+        )
 
 
 def _dpo_beta(value: Any, kept: dict[Any, Any], report: Report) -> None:

@@ -966,7 +966,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "these mixture-of-experts options change the experts' weights, their layout or numerics, or spread the experts "
     "over ranks, which ktrain does not support; leave them out to train the model's own experts in full precision "
     "(use_scattermoe and use_sonicmoe are accepted)": (
-        "llama4_linearized_experts",
         "dense_mixer",
         "moe_grouped_backend",
         "moe_dequant_chunk_size",
