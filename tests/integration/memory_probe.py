@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ktrain import hookimpl
-from ktrain.memory.measure import local_tensor, parameter_storages, storages, torch_optimizer
+from ktrain.memory.measure import local_tensor, model_storages, storages, torch_optimizer
 
 
 class Measure:
@@ -52,7 +52,7 @@ class Measure:
             return
         self.done = True
         held = {
-            "parameters": sum(parameter_storages(self.model.parameters(), {}).values()),
+            "parameters": sum(model_storages(self.model, {}).values()),
             "gradients": sum(self.grads.values()),
             "optimizer": sum(self.states.values()),
         }

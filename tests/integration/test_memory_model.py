@@ -3,9 +3,10 @@ gradients and optimizer states equals the bytes of the real run's tensors on eve
 
 One step of a small Llama whose sizes do not divide evenly (FSDP2's last rank holds fewer rows, ZeRO pads its
 flat buffers) per layout, on 2 or 4 CPU ranks with gloo; the plugin in memory_probe.py counts each rank's storages
-(a 4-bit weight with its quantization state). QLoRA under DDP stands for LoRA too (the same adapters, the base
-frozen, here also packed); full fine-tuning under DDP holds on every rank what one process holds, checked to the
-byte by ``ktrain plan --measure`` below (DDP's gradient buckets are communication buffers, not model states).
+(a 4-bit weight with its quantization state, which FSDP leaves whole on every rank). QLoRA under FSDP2 stands for
+LoRA too (the same adapters, the base frozen, here also packed); DDP holds on every rank what one process holds,
+checked to the byte by ``ktrain plan --measure`` below (DDP's gradient buckets are communication buffers, not
+model states).
 ZeRO-1 and ZeRO-2 keep the same model states (DeepSpeed's one optimizer for both stages): both run here, ZeRO-1
 on 4 ranks, where its flat buffers are padded to a multiple of 8 elements.
 """
@@ -27,8 +28,8 @@ PROBE = Path(__file__).with_name("memory_probe.py")
 ODD = {"hidden_size": 66, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 12,
        "intermediate_size": 130, "vocab_size": 101}  # fmt: skip
 LAYOUTS: dict[str, tuple[dict[str, Any], str | None, int]] = {  # name: (keys, plugin module needed, ranks)
-    "qlora_ddp": ({"adapter": "qlora", "lora_target_linear": True}, "ktrain_lora", 2),
     "fsdp2": ({"fsdp_version": 2}, "ktrain_fsdp", 4),
+    "qlora_fsdp2": ({"fsdp_version": 2, "adapter": "qlora", "lora_target_linear": True}, "ktrain_fsdp", 2),
     "zero1": ({"deepspeed": "zero1"}, "ktrain_deepspeed", 4),
     "zero2": ({"deepspeed": "zero2"}, "ktrain_deepspeed", 2),
     "zero3": ({"deepspeed": "zero3"}, "ktrain_deepspeed", 2),

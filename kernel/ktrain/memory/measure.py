@@ -76,13 +76,14 @@ def _quantization_tensors(state: Any) -> list[torch.Tensor]:
     return own + _quantization_tensors(getattr(state, "state2", None))
 
 
-def parameter_storages(parameters: Iterable[torch.Tensor], into: dict[int, int]) -> dict[int, int]:
-    """``storages`` of the parameters and of what a quantized one keeps beside its data (its ``quant_state``,
-    an 8-bit weight's row scales ``SCB``); returns ``into``."""
-    parameters = list(parameters)
+def model_storages(model: torch.nn.Module, into: dict[int, int]) -> dict[int, int]:
+    """``storages`` of the model's parameters and of what a quantized weight keeps beside its data: its
+    ``quant_state`` (on the parameter, or on its layer once a sharding has replaced the parameter) and an
+    8-bit weight's row scales ``SCB``; returns ``into``."""
+    parameters = list(model.parameters())
     storages(parameters, into)
-    for p in parameters:
-        storages([*_quantization_tensors(getattr(p, "quant_state", None)), getattr(p, "SCB", None)], into)
+    for owner in [*parameters, *model.modules()]:
+        storages([*_quantization_tensors(getattr(owner, "quant_state", None)), getattr(owner, "SCB", None)], into)
     return into
 
 
@@ -147,7 +148,7 @@ class Probe:
     def ktrain_on_train_start(self, run: Any, engine: Any) -> None:
         optimizer = torch_optimizer(engine.optimizer)
         model = engine.model
-        self.model_storages = parameter_storages(model.parameters(), {})
+        self.model_storages = model_storages(model, {})
         self.parameters = sum(self.model_storages.values())
         self._watch_forward(model)
         first = {"before": True, "after": True}

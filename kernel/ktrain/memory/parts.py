@@ -32,9 +32,11 @@ import attrs
 class Weight:
     """One parameter tensor as the run holds it.
 
-    ``element_bytes`` is 4 (fp32), 2 (bf16, fp16), 1 (8-bit) or 0.5 (packed 4-bit); ``extra_bytes`` counts
-    what a quantized tensor keeps beside its packed data (block scales). ``trainable`` weights get
-    gradients and optimizer states. ``kind`` and ``block`` are those of ``ktrain.memory.shape.Tensor``.
+    ``element_bytes`` is 4 (fp32), 2 (bf16, fp16) or 1 (8-bit); a packed 4-bit tensor is described as it is
+    stored (a column of elements of its storage dtype); ``extra_bytes`` counts what a quantized tensor keeps
+    beside its packed data (its quantization state: block scales, code tables), not divided by a sharding.
+    ``trainable`` weights get gradients and optimizer states. ``kind`` and ``block`` are those of
+    ``ktrain.memory.shape.Tensor``.
     """
 
     name: str

@@ -7,7 +7,9 @@ fewer rows, or none). FSDP1 flattens each unit (a transformer block, and the roo
 buffer padded to a multiple of N and holds 1/N of it. The gathered weights of a unit (in the compute
 dtype) and the reduce-scatter's input are buffers: two units at a time with prefetching, or every
 block's weights from forward to backward when ``reshard_after_forward`` is off.
-``offload_params`` moves the shards, their gradients and the optimizer's states to host memory.
+``offload_params`` moves the shards, their gradients and the optimizer's states to host memory. A
+quantized weight's state (``extra_bytes``: a 4-bit weight's scales and code tables) is no parameter: every
+rank holds all of it.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class FsdpMemory:
             rows, *rest = w.shape
             per_row = math.prod(rest) if rest else 1
             padded, held = chunk_rows(rows, self.ranks, rank)
-            shard = math.ceil(padded * per_row * w.element_bytes) + math.ceil(w.extra_bytes / self.ranks)
+            shard = math.ceil(padded * per_row * w.element_bytes) + w.extra_bytes
             params += shard
             if w.trainable:
                 grads += shard
@@ -72,7 +74,7 @@ class FsdpMemory:
                     continue
                 element = part[0].element_bytes
                 share = math.ceil(numel / self.ranks)
-                params += math.ceil(share * element) + sum(w.extra_bytes for w in part) // self.ranks
+                params += math.ceil(share * element) + sum(w.extra_bytes for w in part)
                 if part[0].trainable:
                     grads += math.ceil(share * element)
                     states += optimizer.state_bytes(share, element)

@@ -5,7 +5,8 @@ gains two trained fp32 matrices, A (r x in) and B (out x r), and DoRA a magnitud
 layers adapted are those ``lora_target_linear`` and ``lora_target_modules`` name, or peft's default
 for Llama-family models (q_proj and v_proj). ``lora_modules_to_save`` trains a copy of each named
 module beside its frozen original. Under 4-bit quantization every linear layer of the blocks is
-packed two weights a byte (in whole elements of the storage dtype), with a scale per 64 weights (one
+packed two weights a byte into a column of the storage dtype's elements (bitsandbytes' layout, which
+FSDP shards by rows), with a scale per 64 weights (one
 byte under double quantization, which adds an fp32 scale per 256 scales, a 256-entry fp32 code table
 and an fp32 offset; four bytes without) and the data type's 16-entry fp32 code table; the rest of the
 base loads in the compute dtype. Under 8-bit, a byte a weight and an fp32 scale per row.
@@ -52,15 +53,17 @@ def targeted(config: Any, module: str) -> bool:
 
 
 def packed(w: Weight, bits: int, double_quant: bool, storage_bytes: int = 2) -> Weight:
-    """``w`` as bitsandbytes stores it quantized to ``bits``, 4-bit data in elements of ``storage_bytes``."""
+    """``w`` as bitsandbytes stores it quantized to ``bits``: 8-bit as it was shaped; 4-bit as a column of
+    elements of ``storage_bytes`` (what a sharding divides), its quantization state as ``extra_bytes``."""
     if bits == 8:
         return attrs.evolve(w, element_bytes=1, extra_bytes=4 * w.shape[0], trainable=False)
-    data = math.ceil(math.ceil(w.numel / 2) / storage_bytes) * storage_bytes
+    stored = math.ceil(math.ceil(w.numel / 2) / storage_bytes)
     blocks = math.ceil(w.numel / BLOCK)
     nested = math.ceil(blocks / SCALES_BLOCK)
     scales = blocks + 4 * nested + NESTED_BYTES if double_quant else 4 * blocks
-    padding = data - math.ceil(w.numel / 2)
-    return attrs.evolve(w, element_bytes=0.5, extra_bytes=padding + scales + CODE_BYTES, trainable=False)
+    return attrs.evolve(
+        w, shape=(stored, 1), element_bytes=storage_bytes, extra_bytes=scales + CODE_BYTES, trainable=False
+    )
 
 
 @attrs.frozen
