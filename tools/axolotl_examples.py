@@ -10,7 +10,8 @@ a config whose ``fsdp_config`` names the block classes to wrap gets a stand-in o
 defines them (the ``model_type`` of the transformers module with those classes), as its own base model has.
 A dataset whose path is local but not there is swapped for a local chat jsonl (``--set
 datasets.N.path=...``). Prints the share that passes, the most frequent refusals (``datasets[3]`` counted as
-``datasets[i]``), and every file that raised something other than a config error (a traceback).
+``datasets[i]``), and every file that raised something other than a config error (a traceback); ``--causes``
+adds the keys that alone refuse a config (and pairs of keys), the refusals whose answer passes most configs.
 """
 
 from __future__ import annotations
