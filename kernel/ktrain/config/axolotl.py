@@ -21,8 +21,8 @@ from ktrain.config.report import Report
 NESTED = {"datasets": "datasets[]", "test_datasets": "datasets[]", "pretraining_dataset": "datasets[]"}
 NESTED_MAPPINGS = ("fsdp_config",)
 INTEGRATION_PREFIX = "axolotl.integrations."
-# Owned by the kernel and read by this module (no section declares them): ``plugins:``, and Axolotl's other
-# spellings of kernel keys, each translated with a note.
+# Owned by the kernel and read by this module (no section declares them): ``plugins:``, and Axolotl keys that
+# this module translates into ktrain keys, or accepts or refuses by the rest of the config, each with a note.
 HANDLED_HERE = (
     "plugins",
     "activation_offloading",
