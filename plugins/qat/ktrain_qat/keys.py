@@ -10,7 +10,7 @@ SUPPORTED = {("int4", None): None, ("int4", "int8"): None, ("mxfp4", "mxfp4"): 3
 """(weight_dtype, activation_dtype) pairs this plugin fake-quantizes, with the group size each requires (None:
 any). Axolotl's other pairs (nvfp4, float8) run torch's scaled-matmul kernels that are not tested here."""
 
-NVFP4 = "torchao's NVFP4 training runs FP4 matmuls that only Blackwell GPUs have (it has no emulation yet)"
+NVFP4 = "torchao's NVFP4 training runs FP4 matmuls that only Blackwell GPUs have, with no emulation yet"
 """Why nvfp4 is refused, beside the supported pairs."""
 
 
