@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from ktrain import hookimpl
 from ktrain_preference.axolotl_types import axolotl_format, type_names
 from ktrain_preference.checks import validate
@@ -38,16 +40,5 @@ def ktrain_activate(config: Any, activate) -> None:
     """Preference tuning takes part when ``rl`` is written; it owns the run's objective."""
     if config.rl is None:
         return
-    names = (
-        "rl",
-        "rl_beta",
-        "dpo_label_smoothing",
-        "orpo_alpha",
-        "simpo_gamma",
-        "cpo_alpha",
-        "kto_desirable_weight",
-        "kto_undesirable_weight",
-        "precompute_ref_log_probs",
-    )
-    keys = tuple(name for name in names if config.is_set(name))
+    keys = tuple(field.name for field in attrs.fields(PreferenceKeys) if config.is_set(field.name))
     activate("ktrain_preference.runtime:Preference", roles=("objective",), keys=keys)
