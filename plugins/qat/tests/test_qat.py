@@ -16,19 +16,11 @@ from torchao.quantization.qat.linear import FakeQuantizedLinear
 from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError
 from ktrain.testing import dataset, ktrain, model_dir, read_metrics, write_config
+from ktrain.testing.assets import TINY_LLAMA
 from ktrain_qat.keys import QatConfig
 from ktrain_qat.runtime import FakeQuantizer
 
-TINY = {
-    "vocab_size": 128,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "use_cache": False,
-}
+TINY = {**TINY_LLAMA, "vocab_size": 128, "use_cache": False}
 IDS = torch.randint(0, 128, (2, 32), generator=torch.Generator().manual_seed(0))
 
 
