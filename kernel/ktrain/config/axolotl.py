@@ -21,18 +21,6 @@ from ktrain.config.report import Report
 NESTED = {"datasets": "datasets[]", "test_datasets": "datasets[]", "pretraining_dataset": "datasets[]"}
 NESTED_MAPPINGS = ("fsdp_config",)
 INTEGRATION_PREFIX = "axolotl.integrations."
-# Owned by the kernel and read by this module (no section declares them): ``plugins:``, and Axolotl keys that
-# this module translates into ktrain keys, or accepts or refuses by the rest of the config, each with a note.
-HANDLED_HERE = (
-    "plugins",
-    "activation_offloading",
-    "batch_size",
-    "cut_cross_entropy",
-    "reinit_weights",
-    "gemma4_hybrid_attn_impl",
-    "dpo_beta",
-    "llama4_linearized_experts",
-)
 # attn_implementation values of Axolotl that name another kernel for the same exact attention.
 SAME_ATTENTION = {"xformers": "sdpa", "kernels-community/vllm-flash-attn3": "flash_attention_2"}
 
@@ -71,26 +59,15 @@ def sift(data: dict[Any, Any], sections: dict[str, type], report: Report, instal
             kept[name] = _sift_inside(name, value, sections[name], report)
         elif name == "plugins":
             check_plugins(value, report, installed)
-        elif name in HANDLED_HERE:
+        elif name in TRANSLATED:
             pass  # translated below, once every key is read
         elif name in first_party or (verdict := classify(name)) is None:
             kept[name] = value  # a first-party plugin's key (named with its install command) or unknown
         else:
             _judge(name, value, verdict, report)
-    if data.get("activation_offloading") is not None:
-        _activation_offloading(data["activation_offloading"], kept, report)
-    if data.get("batch_size") is not None:
-        _batch_size(data["batch_size"], kept, report)
-    if data.get("cut_cross_entropy") is not None:
-        _cut_cross_entropy(data["cut_cross_entropy"], kept, report)
-    if data.get("reinit_weights") is not None:
-        _reinit_weights(data["reinit_weights"], kept, report)
-    if data.get("gemma4_hybrid_attn_impl") is not None:
-        _gemma4_hybrid_attention(data["gemma4_hybrid_attn_impl"], kept, report)
-    if data.get("llama4_linearized_experts") is not None:
-        _linearized_experts(data["llama4_linearized_experts"], kept, report)
-    if data.get("dpo_beta") is not None:
-        _dpo_beta(data["dpo_beta"], kept, report)
+    for name, translate in TRANSLATED.items():
+        if data.get(name) is not None:
+            translate(data[name], kept, report)
     _checkpointing_once(kept, report)
     _older_spellings(kept, report)
     written = kept.get("attn_implementation")
@@ -331,3 +308,18 @@ def check_plugins(value: Any, report: Report, installed: set[str]) -> None:
                 f"{entry}: neither an Axolotl integration ({INTEGRATION_PREFIX}...) nor a ktrain plugin; "
                 "`ktrain plugins` lists those installed",
             )
+
+
+# Owned by the kernel and read by this module (no section declares them): Axolotl keys that this module translates
+# into ktrain keys, or accepts or refuses by the rest of the config, each with a note, once every key is read.
+TRANSLATED = {
+    "activation_offloading": _activation_offloading,
+    "batch_size": _batch_size,
+    "cut_cross_entropy": _cut_cross_entropy,
+    "reinit_weights": _reinit_weights,
+    "gemma4_hybrid_attn_impl": _gemma4_hybrid_attention,
+    "llama4_linearized_experts": _linearized_experts,
+    "dpo_beta": _dpo_beta,
+}
+HANDLED_HERE = ("plugins", *TRANSLATED)
+"""The top-level keys this module owns: ``plugins:`` and those of ``TRANSLATED``."""
