@@ -264,6 +264,14 @@ def test_refusals_say_what_ktrain_offers_linearized_experts_and_dpo_beta() -> No
     ]
 
 
+def test_eta_min_is_accepted_as_axolotl_drops_it_with_the_ratio_that_gives_the_floor() -> None:
+    report = Report()
+    assert sift({"eta_min": "7e-7", "learning_rate": 5e-6}, {}, report, set()) == {"learning_rate": 5e-6}
+    assert "cosine_min_lr_ratio: 0.14" in report.problems[-1].message and not report.errors
+    sift({"eta_min": "low"}, {}, report, set())
+    assert report.errors[-1].message == "expected a non-negative number, got 'low'"
+
+
 def test_classify_names_nested_keys_by_prefix() -> None:
     assert classify("trl.beta")[0] == "unsupported"
     assert "reward models" in classify("datasets[].step_separator")[1]  # a process reward model's dataset

@@ -156,6 +156,31 @@ def _gemma4_hybrid_attention(value: Any, kept: dict[Any, Any], report: Report) -
         report.warn(key, "accepted: every layer uses attn_implementation, the same exact attention")
 
 
+def _eta_min(value: Any, kept: dict[Any, Any], report: Report) -> None:
+    """``eta_min`` (the floor of torch's ``CosineAnnealingLR``) written at the top level, as some Axolotl configs
+    do: it is no Axolotl key, and Axolotl's schema drops keys it does not define, so the learning rate decays as
+    ``lr_scheduler`` alone says (to 0 for cosine); ktrain trains the same, and says how to get the floor."""
+    floor, lr = _number(value), _number(kept.get("learning_rate"))
+    if floor is None or floor < 0:
+        report.error("eta_min", f"expected a non-negative number, got {value!r}")
+        return
+    ratio = f"cosine_min_lr_ratio: {floor / lr:.4g}" if lr else "cosine_min_lr_ratio (the floor over learning_rate)"
+    report.warn(
+        "eta_min",
+        f"accepted, no effect (as in Axolotl, whose schema drops it); for a floor of {value} write {ratio}",
+    )
+
+
+def _number(value: Any) -> float | None:
+    """A YAML number, or a string YAML 1.1 leaves unparsed (``5e-6``), as a float; None for anything else."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _checkpointing_once(kept: dict[Any, Any], report: Report) -> None:
     """``gradient_checkpointing: true`` beside ``fsdp_config.activation_checkpointing: true``, as Axolotl's FSDP
     configs write them: both recompute each block in backward, so FSDP's alone is kept (the same gradients,
@@ -320,6 +345,7 @@ TRANSLATED = {
     "gemma4_hybrid_attn_impl": _gemma4_hybrid_attention,
     "llama4_linearized_experts": _linearized_experts,
     "dpo_beta": _dpo_beta,
+    "eta_min": _eta_min,
 }
 HANDLED_HERE = ("plugins", *TRANSLATED)
 """The top-level keys this module owns: ``plugins:`` and those of ``TRANSLATED``."""
