@@ -25,6 +25,13 @@ from ktrain.run.trainer import rank_run
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
+TORCHTITAN_REFUSED = (
+    "not timed: torchtitan 0.3.0, its latest release, pins the PyTorch nightly it was cut from (its README: "
+    "each release pins the nightly torch and torchao) and needs spmd_types and torch_checkpointing, which no "
+    'released torch 2.11 brings; docs/performance.md, "Beside Axolotl and torchtitan"'
+)
+"""Why ``--peer torchtitan`` is refused."""
+
 
 def bench_plan(
     config: str, overrides: list[str], run_dir: Path, synthetic: bool, world_size: int | None = 1
@@ -142,6 +149,9 @@ def bench_cli(args: argparse.Namespace) -> int:
     """Run ``ktrain bench`` for parsed ``args``; return the exit code."""
     from ktrain.data.reading import DataError
 
+    if args.peer == "torchtitan":
+        print(f"ktrain: --peer torchtitan: {TORCHTITAN_REFUSED}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.steps < 1 or args.warmup < 0:
         print("ktrain: --steps must be at least 1 and --warmup at least 0", file=sys.stderr)
         return EXIT_BAD_INPUT
