@@ -27,8 +27,8 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 TORCHTITAN_REFUSED = (
     "not timed: torchtitan 0.3.0, its latest release, pins the PyTorch nightly it was cut from (its README: "
-    "each release pins the nightly torch and torchao) and needs spmd_types and torch_checkpointing, which no "
-    'released torch 2.11 brings; docs/performance.md, "Beside Axolotl and torchtitan"'
+    "each release pins the nightly torch and torchao), and the device has the released torch 2.11; "
+    'docs/performance.md, "Fast by default, beside Axolotl and torchtitan"'
 )
 """Why ``--peer torchtitan`` is refused."""
 
