@@ -7,14 +7,21 @@ with a tiny local model folder, a chat jsonl and a run directory.
 from __future__ import annotations
 
 import collections
+import json
 import subprocess
 import sys
+import types
 import typing
 from pathlib import Path
 
 import attrs
 import pytest
+import safetensors.torch
+import torch
+import transformers
+from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
+from ktrain.builtin.hf_model import build_model
 from ktrain.config.activation import discover
 from ktrain.config.axolotl import HANDLED_HERE, _attrs_class, check_plugins, classify, sift
 from ktrain.config.axolotl_keys import (
@@ -270,6 +277,59 @@ def test_eta_min_is_accepted_as_axolotl_drops_it_with_the_ratio_that_gives_the_f
     assert "cosine_min_lr_ratio: 0.14" in report.problems[-1].message and not report.errors
     sift({"eta_min": "low"}, {}, report, set())
     assert report.errors[-1].message == "expected a non-negative number, got 'low'"
+
+
+def _mxfp4_gpt_oss(folder: Path) -> dict[str, torch.Tensor]:
+    """A tiny gpt-oss folder whose experts are stored as gpt-oss's checkpoints store them: MXFP4 blocks and
+    scales (seeded random bytes), with the config's ``quantization_config`` saying so. Returns those tensors."""
+    config = transformers.GptOssConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        layer_types=["full_attention"],
+    )
+    transformers.GptOssForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    dense = safetensors.torch.load_file(folder / "model.safetensors")
+    generator = torch.Generator().manual_seed(0)
+    packed = {}
+    for name in [n for n in dense if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        experts, columns, rows = dense.pop(name).shape
+        packed[f"{name}_blocks"] = torch.randint(0, 256, (experts, rows, columns // 32, 16), generator=generator)
+        packed[f"{name}_scales"] = torch.randint(125, 130, (experts, rows, columns // 32), generator=generator)
+    packed = {name: tensor.to(torch.uint8) for name, tensor in packed.items()}
+    safetensors.torch.save_file({**dense, **packed}, folder / "model.safetensors", metadata={"format": "pt"})
+    written = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    written["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    (folder / "config.json").write_text(json.dumps(written), encoding="utf-8")
+    return packed
+
+
+def test_mxfp4_dequantized_is_read_as_model_config_and_loads_the_dequantized_weights_to_train(
+    tmp_path, tiny_config, tiny_model_dir
+) -> None:
+    packed = _mxfp4_gpt_oss(tmp_path / "gpt-oss")
+    mxfp4 = {"model_quantization_config": "Mxfp4Config", "tokenizer_config": str(tiny_model_dir), "bf16": True}
+    mxfp4["attn_implementation"] = "eager"  # gpt-oss attention has sinks, which SDPA does not take
+    dequantized = {"model_quantization_config_kwargs": {"dequantize": True}}
+    plan = prepare(tiny_config(base_model=str(tmp_path / "gpt-oss"), **dequantized, **mxfp4))
+    assert plan.config.model_config == {"quantization_config": {"quant_method": "mxfp4", "dequantize": True}}
+    model = build_model(plan.config, types.SimpleNamespace(device=torch.device("cpu")), {})
+    experts = model.model.layers[0].mlp.experts
+    blocks, scales = (packed[f"model.layers.0.mlp.experts.gate_up_proj_{part}"] for part in ("blocks", "scales"))
+    dequantized = convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16).float()
+    assert torch.equal(experts.gate_up_proj.detach().float(), dequantized) and experts.gate_up_proj.requires_grad
+    with pytest.raises(ConfigError) as e:
+        prepare(tiny_config(**mxfp4))
+    assert "model_quantization_config_kwargs: training on MXFP4 weights is not supported" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        prepare(tiny_config(model_quantization_config="HqqConfig", model_quantization_config_kwargs={"nbits": 4}))
+    assert "model_quantization_config: 'HqqConfig' is not supported; ktrain-plugin-lora loads" in str(e.value)
 
 
 def test_classify_names_nested_keys_by_prefix() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import transformers
+from transformers.quantizers import AutoQuantizationConfig
 
 from ktrain import hookimpl
 from ktrain.builtin.checkpointing import Recompute, apply_checkpointing
@@ -101,7 +102,9 @@ def revision(config: Any) -> dict[str, Any]:
 
 def config_overrides(config: Any) -> dict[str, Any]:
     """``model_config``: settings of the model's config to change before it is built. A name the model's
-    config does not have stops the run naming it (a typo would otherwise be stored and never read)."""
+    config does not have stops the run naming it (a typo would otherwise be stored and never read). A
+    ``quantization_config`` mapping (as config.json writes it) becomes the transformers class it names, the form
+    ``from_pretrained`` takes to load a quantized checkpoint another way (MXFP4 with ``dequantize: true``)."""
     overrides = dict(config.model_config or {})
     if overrides:
         source = config.base_model_config or config.base_model
@@ -113,6 +116,8 @@ def config_overrides(config: Any) -> dict[str, Any]:
             raise ConfigError.single(
                 f"model_config.{unknown[0]}", f"the model's config ({type(known).__name__}) has no such setting"
             )
+    if isinstance(overrides.get("quantization_config"), dict):
+        overrides["quantization_config"] = AutoQuantizationConfig.from_dict(overrides["quantization_config"])
     return overrides
 
 

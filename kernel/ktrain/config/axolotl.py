@@ -22,6 +22,7 @@ NESTED = {"datasets": "datasets[]", "test_datasets": "datasets[]", "pretraining_
 NESTED_MAPPINGS = ("fsdp_config",)
 INTEGRATION_PREFIX = "axolotl.integrations."
 # attn_implementation values of Axolotl that name another kernel for the same exact attention.
+QUANTIZATION_KWARGS = "model_quantization_config_kwargs"
 SAME_ATTENTION = {"xformers": "sdpa", "kernels-community/vllm-flash-attn3": "flash_attention_2"}
 
 _CLASS = {name: ("accepted", reason) for reason, names in ACCEPTED.items() for name in names}
@@ -68,6 +69,8 @@ def sift(data: dict[Any, Any], sections: dict[str, type], report: Report, instal
     for name, translate in TRANSLATED.items():
         if data.get(name) is not None:
             translate(data[name], kept, report)
+    if kept.pop(QUANTIZATION_KWARGS, None) is not None:
+        report.error(QUANTIZATION_KWARGS, "configures model_quantization_config, which is not written; leave it out")
     _checkpointing_once(kept, report)
     _older_spellings(kept, report)
     written = kept.get("attn_implementation")
@@ -169,6 +172,36 @@ def _eta_min(value: Any, kept: dict[Any, Any], report: Report) -> None:
         "eta_min",
         f"accepted, no effect (as in Axolotl, whose schema drops it); for a floor of {value} write {ratio}",
     )
+
+
+def _quantization_kwargs(value: Any, kept: dict[Any, Any], report: Report) -> None:
+    """Axolotl's ``model_quantization_config_kwargs``: kept for ``_quantization``, which reads it with the class
+    it configures (a mapping without the class is refused there)."""
+    kept[QUANTIZATION_KWARGS] = value
+
+
+def _quantization(value: Any, kept: dict[Any, Any], report: Report) -> None:
+    """Axolotl's ``model_quantization_config``: a transformers quantization config class, built with
+    ``model_quantization_config_kwargs`` and given to ``from_pretrained``. ``Mxfp4Config`` with ``dequantize: true``
+    (gpt-oss's MXFP4 checkpoints read as bf16 weights that train in full) is read as ``model_config``'s
+    ``quantization_config``, which ktrain's loader gives transformers the same way; any other is refused."""
+    kwargs = kept.pop(QUANTIZATION_KWARGS, None) or {}
+    others = "ktrain-plugin-lora loads 4-bit and 8-bit bitsandbytes weights (load_in_4bit, load_in_8bit)"
+    if value != "Mxfp4Config":
+        report.error("model_quantization_config", f"{value!r} is not supported; {others}")
+    elif kwargs != {"dequantize": True}:
+        report.error(
+            "model_quantization_config_kwargs",
+            "training on MXFP4 weights is not supported; write {dequantize: true} to train them dequantized to bf16",
+        )
+    else:
+        wanted = {"quant_method": "mxfp4", "dequantize": True}
+        kept["model_config"] = {**(kept.get("model_config") or {}), "quantization_config": wanted}
+        report.warn(
+            "model_quantization_config",
+            "read as model_config: {quantization_config: {quant_method: mxfp4, dequantize: true}}: "
+            "transformers dequantizes the MXFP4 weights to bf16 on load, and they train in full",
+        )
 
 
 def _number(value: Any) -> float | None:
@@ -346,6 +379,8 @@ TRANSLATED = {
     "llama4_linearized_experts": _linearized_experts,
     "dpo_beta": _dpo_beta,
     "eta_min": _eta_min,
+    "model_quantization_config_kwargs": _quantization_kwargs,  # before the class it configures
+    "model_quantization_config": _quantization,
 }
 HANDLED_HERE = ("plugins", *TRANSLATED)
 """The top-level keys this module owns: ``plugins:`` and those of ``TRANSLATED``."""

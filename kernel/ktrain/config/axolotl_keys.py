@@ -848,8 +848,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "(load_in_4bit, load_in_8bit)": (
         "gptq",
         "quantization",
-        "model_quantization_config",
-        "model_quantization_config_kwargs",
         "use_onebitllms",
         "llmcompressor",
         "nonexpert_quantization",
