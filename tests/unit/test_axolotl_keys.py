@@ -39,6 +39,7 @@ from ktrain.config.install import install_command
 from ktrain.config.keys import PLUGIN_KEYS
 from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError, Report
+from ktrain.data import cache
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "axolotl"
 
@@ -330,6 +331,28 @@ def test_mxfp4_dequantized_is_read_as_model_config_and_loads_the_dequantized_wei
     with pytest.raises(ConfigError) as e:
         prepare(tiny_config(model_quantization_config="HqqConfig", model_quantization_config_kwargs={"nbits": 4}))
     assert "model_quantization_config: 'HqqConfig' is not supported; ktrain-plugin-lora loads" in str(e.value)
+
+
+def test_alpaca_chat_renders_axolotl_s_chat_layout_with_loss_on_the_output(
+    tmp_path, tiny_config, tiny_model_dir
+) -> None:
+    rows = [{"instruction": "Add.", "input": "2 and 3", "output": "5"}, {"instruction": "Say hi.", "output": "hi"}]
+    data = tmp_path / "alpaca.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    plan = prepare(tiny_config(datasets=[{"path": str(data), "type": "alpaca:chat"}]), world_size=1)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    samples = cache.build(plan.config, tokenizer, plan.formats).train
+    prompts = [
+        "SYSTEM: Below is an instruction that describes a task, paired with an input that provides further context. "
+        "Write a response that appropriately completes the request.\nUSER: Add.\n2 and 3\nASSISTANT:",
+        "SYSTEM: Below is an instruction that describes a task. Write a response that appropriately completes the "
+        "request.\nUSER: Say hi.\nASSISTANT:",
+    ]
+    for sample, prompt, row in zip(samples, prompts, rows, strict=True):
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]  # the tokenizer has no BOS
+        answer = [*tokenizer(row["output"], add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+        assert [int(i) for i in sample.input_ids] == prompt_ids + answer
+        assert [int(i) for i in sample.labels] == [-100] * len(prompt_ids) + answer
 
 
 def test_classify_names_nested_keys_by_prefix() -> None:

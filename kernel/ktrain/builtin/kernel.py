@@ -14,6 +14,7 @@ from ktrain.builtin import freezing
 from ktrain.config.keys import KERNEL_SECTIONS
 from ktrain.config.paths import looks_local
 from ktrain.data import templates
+from ktrain.data.formats import ALPACA_STYLES
 from ktrain.registry import lazy
 
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_fp32_master", "adamw", "sgd", "adafactor")
@@ -43,6 +44,8 @@ def ktrain_register_lr_schedulers(register) -> None:
 def ktrain_register_dataset_formats(register) -> None:
     for name in FORMATS:
         register(name, lazy(f"ktrain.data.formats:{name}"))
+    for name in ALPACA_STYLES:
+        register(name, lazy("ktrain.data.formats:alpaca_style"))
 
 
 @hookimpl

@@ -20,6 +20,30 @@ ALPACA_PROMPT = (
     "Write a response that appropriately completes the request.\n\n"
     "### Instruction:\n{instruction}\n\n{input_block}### Response:\n"
 )
+# Axolotl's other prompt layouts of alpaca's rows (``type: alpaca:<style>``): the system line, then the turn with
+# an input, or the turn without one; the output follows the turn directly.
+ALPACA_SYSTEM = (
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request.",
+    "Below is an instruction that describes a task. Write a response that appropriately completes the request.",
+)
+ALPACA_STYLES = {
+    "alpaca:chat": (
+        "SYSTEM: {system}\n",
+        "USER: {instruction}\n{input}\nASSISTANT:",
+        "USER: {instruction}\nASSISTANT:",
+    ),
+    "alpaca:chatml": (
+        "<|im_start|>system\n{system}<|im_end|>\n",
+        "<|im_start|>user\n{instruction}\n{input}<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_start|>user\n{instruction}<|im_end|>\n<|im_start|>assistant\n",
+    ),
+    "alpaca:phi": (
+        "<|system|>\n{system}<|end|>\n",
+        "<|user|>\n{instruction}<|end|>{input}<|assistant|>",
+        "<|user|>\n{instruction}<|end|>\n<|assistant|>\n",
+    ),
+}
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -212,6 +236,25 @@ def alpaca(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | None:
         instruction=instruction,
         input_block=f"### Input:\n{extra}\n\n" if extra else "",
     )
+    return _prompted(prompt, output, tokenizer, config)
+
+
+def alpaca_style(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | None:
+    """Alpaca's rows in the prompt layout ``ALPACA_STYLES`` names for ``entry.type`` (Axolotl's
+    ``alpaca:chat``, ``alpaca:chatml``, ``alpaca:phi``), with alpaca's system line: loss on output + EOS."""
+    instruction = text_field(row, entry.field_instruction or "instruction")
+    output = text_field(row, entry.field_output or "output")
+    extra = text_field(row, entry.field_input or "input", required=False)
+    system, turn, turn_no_input = ALPACA_STYLES[entry.type]
+    prompt = system.format(system=ALPACA_SYSTEM[0] if extra else ALPACA_SYSTEM[1]) + (
+        turn.format(instruction=instruction, input=extra) if extra else turn_no_input.format(instruction=instruction)
+    )
+    return _prompted(prompt, output, tokenizer, config)
+
+
+def _prompted(prompt: str, output: str, tokenizer: Any, config: Any) -> dict:
+    """BOS (where the tokenizer has one), ``prompt`` and ``output`` + EOS, with loss on the output + EOS only
+    (on the prompt too under ``train_on_inputs``)."""
     prompt_ids = encode(tokenizer, prompt)
     if tokenizer.bos_token_id is not None:
         prompt_ids = [tokenizer.bos_token_id, *prompt_ids]
