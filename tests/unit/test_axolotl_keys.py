@@ -272,6 +272,14 @@ def test_refusals_say_what_ktrain_offers_linearized_experts_and_dpo_beta() -> No
     ]
 
 
+def test_dataset_types_of_trainers_ktrain_lacks_are_refused_with_what_they_are() -> None:
+    report = Report()
+    rows = [{"path": "d", "type": "ebft_pretrain.transform"}, {"path": "d", "type": "bradley_terry.chat_template"}]
+    sift({"datasets": rows}, {}, report, set())
+    assert [str(p.path) for p in report.errors] == ["datasets[0].type", "datasets[1].type"]
+    assert "generation engine" in report.errors[0].message and "reward models" in report.errors[1].message
+
+
 def test_eta_min_is_accepted_as_axolotl_drops_it_with_the_ratio_that_gives_the_floor() -> None:
     report = Report()
     assert sift({"eta_min": "7e-7", "learning_rate": 5e-6}, {}, report, set()) == {"learning_rate": 5e-6}

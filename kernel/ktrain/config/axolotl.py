@@ -23,6 +23,11 @@ NESTED_MAPPINGS = ("fsdp_config",)
 INTEGRATION_PREFIX = "axolotl.integrations."
 # attn_implementation values of Axolotl that name another kernel for the same exact attention.
 QUANTIZATION_KWARGS = "model_quantization_config_kwargs"
+# Prefixes of Axolotl's dataset types for trainers ktrain does not have, and the reason (that of the trainer's keys).
+FOREIGN_TYPES = {
+    "ebft_": next(reason for reason, names in UNSUPPORTED.items() if "ebft" in names),
+    "bradley_terry": next(reason for reason, names in UNSUPPORTED.items() if "reward_model" in names),
+}
 SAME_ATTENTION = {"xformers": "sdpa", "kernels-community/vllm-flash-attn3": "flash_attention_2"}
 
 _CLASS = {name: ("accepted", reason) for reason, names in ACCEPTED.items() for name in names}
@@ -73,6 +78,7 @@ def sift(data: dict[Any, Any], sections: dict[str, type], report: Report, instal
         report.error(QUANTIZATION_KWARGS, "configures model_quantization_config, which is not written; leave it out")
     _checkpointing_once(kept, report)
     _older_spellings(kept, report)
+    _foreign_dataset_types(kept, report)
     written = kept.get("attn_implementation")
     if isinstance(written, str) and written in SAME_ATTENTION:
         kept["attn_implementation"] = SAME_ATTENTION[written]
@@ -212,6 +218,19 @@ def _number(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
+
+
+def _foreign_dataset_types(kept: dict[Any, Any], report: Report) -> None:
+    """Dataset types of Axolotl's trainers that ktrain does not have (``FOREIGN_TYPES``, by prefix) refused with
+    what they are, in place of the "no dataset format" error (the type is taken out of the refused config)."""
+    for key in NESTED:
+        items = kept.get(key)
+        for i, item in enumerate(items if isinstance(items, list) else []):
+            written = item.get("type") if isinstance(item, dict) else None
+            reason = next((r for p, r in FOREIGN_TYPES.items() if str(written).startswith(p)), None)
+            if isinstance(written, str) and reason is not None:
+                report.error(f"{key}[{i}].type", f"{written!r} is not supported: {reason}")
+                item["type"] = None
 
 
 def _checkpointing_once(kept: dict[Any, Any], report: Report) -> None:
