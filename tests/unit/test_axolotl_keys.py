@@ -21,7 +21,7 @@ import torch
 import transformers
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-from ktrain.builtin.hf_model import build_model
+from ktrain.builtin.hf_model import HFModel, build_model
 from ktrain.config.activation import discover
 from ktrain.config.axolotl import HANDLED_HERE, _attrs_class, check_plugins, classify, sift
 from ktrain.config.axolotl_keys import (
@@ -40,6 +40,7 @@ from ktrain.config.keys import PLUGIN_KEYS
 from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError, Report
 from ktrain.data import cache
+from ktrain.testing.assets import write_model_dir
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "axolotl"
 
@@ -255,7 +256,6 @@ def test_reinit_weights_gemma4_attention_checkpointing_tokens_and_warmup_are_tra
 def test_refusals_say_what_ktrain_offers_linearized_experts_and_dpo_beta() -> None:
     assert "classification heads" in classify("num_labels")[1] and "rl: dpo" in classify("reward_model")[1]
     assert "generation engine" in classify("trl")[1] and "not installed" not in classify("vllm")[1]
-    assert "leave the key out" in classify("tokenizer_use_mistral_common")[1]
     report = Report()
     fused = {"llama4_linearized_experts": True, "adapter": "qlora", "lora_target_modules": ["self_attn.q_proj"]}
     assert sift(fused, {}, report, set()) == {"adapter": "qlora", "lora_target_modules": ["self_attn.q_proj"]}
@@ -278,6 +278,22 @@ def test_dataset_types_of_trainers_ktrain_lacks_are_refused_with_what_they_are()
     sift({"datasets": rows}, {}, report, set())
     assert [str(p.path) for p in report.errors] == ["datasets[0].type", "datasets[1].type"]
     assert "generation engine" in report.errors[0].message and "reward models" in report.errors[1].message
+
+
+def test_mistral_common_is_read_as_the_folder_s_tokenizer_json_which_the_loader_loads(
+    tmp_path, tiny_config, tiny_model_dir
+) -> None:
+    report = Report()
+    sift({"tokenizer_use_mistral_common": True, "base_model": str(tiny_model_dir)}, {}, report, set())
+    assert "read as the folder's Hugging Face tokenizer (tokenizer.json)" in report.problems[-1].message
+    sift({"tokenizer_use_mistral_common": True, "base_model": str(tmp_path)}, {}, report, set())
+    assert report.errors[-1].message.startswith(f"{tmp_path} has no tokenizer.json")
+    mistral_common = pytest.importorskip("mistral_common")  # installed, it makes AutoTokenizer pick its tokenizer
+    folder = write_model_dir(tmp_path / "mistral", model_type="mistral")
+    (folder / "tekken.json").symlink_to(Path(mistral_common.__file__).parent / "data" / "tekken_240911.json")
+    config = prepare(tiny_config(base_model=str(folder), random_init_weights=True)).config
+    tokenizer = HFModel(config).ktrain_load_tokenizer(run=None)
+    assert type(tokenizer).__name__ != "MistralCommonBackend" and tokenizer("ab", return_offsets_mapping=True)
 
 
 def test_eta_min_is_accepted_as_axolotl_drops_it_with_the_ratio_that_gives_the_floor() -> None:

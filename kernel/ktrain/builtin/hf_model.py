@@ -203,7 +203,12 @@ class HFModel:
         source = cfg.tokenizer_config or cfg.base_model
         try:
             tokenizer = transformers.AutoTokenizer.from_pretrained(
-                source, trust_remote_code=cfg.trust_remote_code, **({} if cfg.tokenizer_config else revision(cfg))
+                source,
+                trust_remote_code=cfg.trust_remote_code,
+                # tokenizer.json even where mistral-common is installed and the folder has tekken.json: the
+                # mistral-common tokenizer renders no chat template and gives no offsets, which the data needs
+                mistral_format=False,
+                **({} if cfg.tokenizer_config else revision(cfg)),
             )
         except OSError as e:
             key = "tokenizer_config" if cfg.tokenizer_config else "base_model"

@@ -8,6 +8,7 @@ and never reaches this module. Keys outside the catalogue are left for the "unkn
 from __future__ import annotations
 
 import typing
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -178,6 +179,33 @@ def _eta_min(value: Any, kept: dict[Any, Any], report: Report) -> None:
         "eta_min",
         f"accepted, no effect (as in Axolotl, whose schema drops it); for a floor of {value} write {ratio}",
     )
+
+
+def _mistral_common(value: Any, kept: dict[Any, Any], report: Report) -> None:
+    """Axolotl's ``tokenizer_use_mistral_common``: the tokenizer of the mistral-common library, with which
+    Axolotl encodes chats. ktrain cannot use it (transformers' ``MistralCommonBackend`` renders no chat template
+    and gives no token offsets, which chat masking needs), so true is read as the folder's Hugging Face tokenizer
+    (``tokenizer.json``) and chat template, which most of Mistral's repositories ship beside ``tekken.json``; a local
+    folder without ``tokenizer.json`` is refused."""
+    key = "tokenizer_use_mistral_common"
+    source = kept.get("tokenizer_config") or kept.get("base_model")
+    if value is False:
+        report.warn(key, "accepted as off")
+    elif value is not True:
+        report.error(key, f"expected true or false, got {value!r}")
+    elif isinstance(source, str) and Path(source).is_dir() and not (Path(source) / "tokenizer.json").exists():
+        report.error(
+            key,
+            f"{source} has no tokenizer.json, and ktrain cannot use mistral-common's tokenizer (it renders no chat "
+            "template and gives no token offsets); give a tokenizer_config folder with tokenizer.json",
+        )
+    else:
+        report.warn(
+            key,
+            "read as the folder's Hugging Face tokenizer (tokenizer.json) and its chat template: ktrain cannot use "
+            "mistral-common's tokenizer (no chat template, no token offsets); where the template renders a chat "
+            "otherwise than mistral-common encodes it, the tokens differ from Axolotl's",
+        )
 
 
 def _quantization_kwargs(value: Any, kept: dict[Any, Any], report: Report) -> None:
@@ -398,6 +426,7 @@ TRANSLATED = {
     "llama4_linearized_experts": _linearized_experts,
     "dpo_beta": _dpo_beta,
     "eta_min": _eta_min,
+    "tokenizer_use_mistral_common": _mistral_common,
     "model_quantization_config_kwargs": _quantization_kwargs,  # before the class it configures
     "model_quantization_config": _quantization,
 }

@@ -1070,10 +1070,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "Axolotl's other spelling of revision_of_model: write revision_of_model": ("model_revision",),
     "Axolotl's other spelling of model_type: write model_type": ("type_of_model",),
     "Axolotl's other spelling of model_config: write model_config": ("overrides_of_model_config",),
-    "the Mistral tokenizer library (mistral-common) is not supported: its tokenizer (transformers' "
-    "MistralCommonBackend) renders no chat template and gives no token offsets, which ktrain's chat masking needs; "
-    "leave the key out to load the model folder's Hugging Face tokenizer (tokenizer.json), and check its chat "
-    "template": ("tokenizer_use_mistral_common",),
     "each rank holds the whole model unless FSDP or DeepSpeed shards it; placing layers by memory is not supported": (
         "device_map",
         "max_memory",
