@@ -33,6 +33,10 @@ WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 
+# transformers 5 picks mistral-common's tokenizer itself where mistral-common is installed and the folder has
+# tekken.json; it renders no chat template and gives no token offsets, which the data needs: tokenizer.json is taken.
+NO_MISTRAL_FORMAT = {"mistral_format": False} if int(transformers.__version__.split(".")[0]) >= 5 else {}
+
 
 def attention_implementation(config: Any) -> str:
     """The attention implementation the config asks for, after the fallbacks this machine needs."""
@@ -205,9 +209,7 @@ class HFModel:
             tokenizer = transformers.AutoTokenizer.from_pretrained(
                 source,
                 trust_remote_code=cfg.trust_remote_code,
-                # tokenizer.json even where mistral-common is installed and the folder has tekken.json: the
-                # mistral-common tokenizer renders no chat template and gives no offsets, which the data needs
-                mistral_format=False,
+                **NO_MISTRAL_FORMAT,
                 **({} if cfg.tokenizer_config else revision(cfg)),
             )
         except OSError as e:
