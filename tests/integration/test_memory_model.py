@@ -7,8 +7,9 @@ flat buffers) per layout, on 2 or 4 CPU ranks with gloo; the plugin in memory_pr
 LoRA too (the same adapters, the base frozen, here also packed); DDP holds on every rank what one process holds,
 checked to the byte by ``ktrain plan --measure`` below (DDP's gradient buckets are communication buffers, not
 model states).
-ZeRO-1 and ZeRO-2 keep the same model states (DeepSpeed's one optimizer for both stages): both run here, ZeRO-1
-on 4 ranks, where its flat buffers are padded to a multiple of 8 elements.
+ZeRO-1 and ZeRO-2 keep the same model states (DeepSpeed's one optimizer for both stages, and one memory answer of
+ktrain-plugin-deepspeed for both): ZeRO-1 runs here, on 4 ranks, where its flat buffers are padded to a multiple
+of 8 elements.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ LAYOUTS: dict[str, tuple[dict[str, Any], str | None, int]] = {  # name: (keys, p
     "fsdp2": ({"fsdp_version": 2}, "ktrain_fsdp", 4),
     "qlora_fsdp2": ({"fsdp_version": 2, "adapter": "qlora", "lora_target_linear": True}, "ktrain_fsdp", 2),
     "zero1": ({"deepspeed": "zero1"}, "ktrain_deepspeed", 4),
-    "zero2": ({"deepspeed": "zero2"}, "ktrain_deepspeed", 2),
     "zero3": ({"deepspeed": "zero3"}, "ktrain_deepspeed", 2),
 }
 
