@@ -123,8 +123,6 @@ BAD = [
      "fsdp_version", "set fsdp_version: 2"),
     ({"fsdp_version": 2, "fsdp_config": {"auto_wrap_policy": "SIZE_BASED_WRAP"}},
      "fsdp_config.auto_wrap_policy", "needs min_num_params"),
-    ({"fsdp_version": 2, "gradient_checkpointing": True, "fsdp_config": {"activation_checkpointing": True}},
-     "fsdp_config.activation_checkpointing", "keep one"),
     ({"fsdp_version": 2, "fsdp_config": {"activation_checkpointing_fraction": 0.5}},
      "fsdp_config.activation_checkpointing_fraction", "set fsdp_config.activation_checkpointing: true"),
     ({"fsdp_version": 2, "fsdp_config": {"activation_checkpointing": True, "activation_checkpointing_fraction": 0}},
