@@ -2,7 +2,9 @@
 
 Each file is run as written, but for what a CPU test must change: the model (a tiny Llama or Qwen3 with
 saved weights), the data (chat rows), the steps (2), the sequence length (64, the tiny model's limit) and
-the mesh sizes (2 ranks). liger.yaml needs a GPU: on a CPU it is refused before any rank starts.
+the mesh sizes (2 ranks). liger.yaml needs a GPU: on a CPU it is refused before any rank starts. The two files
+written for 8 GPUs hold the keys of configs/hsdp_tp.yaml and configs/qwen3_fsdp_tp_cp.yaml, which
+test_multi_gpu_parity.py trains on 8 CPU ranks against one rank.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+import yaml
 
 from ktrain.testing import dataset, ktrain, model_dir, read_metrics
 from tests.kit import REPO
@@ -23,18 +26,26 @@ MESHES = {  # config: the mesh sizes of a 2-rank run (the rest of the ranks the 
     "fsdp1": {},
     "fsdp2": {},
     "fsdp_qlora": {},
-    "hsdp_tp": {"dp_replicate_size": 2, "dp_shard_size": 1, "tensor_parallel_size": 1},
-    "hsdp_tp-tp": {"dp_replicate_size": 1, "dp_shard_size": 1, "tensor_parallel_size": 2},
-    "qwen3_fsdp_tp_cp": {"dp_shard_size": 1, "context_parallel_size": 2, "tensor_parallel_size": 1},
     "oom_rescue": {},
     "zero3": {},
 }
+EIGHT_GPUS = ("hsdp_tp", "qwen3_fsdp_tp_cp")  # trained on 8 ranks as configs/NAME.yaml
 PLUGINS = {"fsdp": "ktrain_fsdp", "qlora": "ktrain_lora", "tp": "ktrain_parallel", "zero3": "ktrain_deepspeed"}
 
 
 def test_every_config_is_a_case() -> None:
-    """Every fixture is trained below, or refused (liger.yaml)."""
-    assert {p.stem for p in SEED.glob("*.yaml")} == {name.split("-")[0] for name in MESHES} | {"liger"}
+    """Every fixture is trained below, refused (liger.yaml), or is a config of configs/ trained on 8 ranks."""
+    assert {p.stem for p in SEED.glob("*.yaml")} == {name.split("-")[0] for name in MESHES} | {"liger", *EIGHT_GPUS}
+
+
+@pytest.mark.parametrize("name", EIGHT_GPUS)
+def test_the_8_gpu_fixtures_are_the_configs_trained_on_8_ranks(name: str) -> None:
+    """The fixture and configs/NAME.yaml write the same keys and values (but where the run is written)."""
+    fixture, config = (
+        yaml.safe_load(path.read_text()) for path in (SEED / f"{name}.yaml", REPO / "configs" / f"{name}.yaml")
+    )
+    assert fixture.pop("output_dir") and config.pop("output_dir")
+    assert fixture == config
 
 
 def _saved_model(folder: Path, **overrides: object) -> Path:
