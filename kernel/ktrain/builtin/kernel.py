@@ -135,8 +135,31 @@ def _check_run(config: Any, report: Any) -> None:
         report.error("evals_per_epoch", "set eval_steps or evals_per_epoch, not both")
     if config.save_strategy == "no" and (config.save_steps or config.saves_per_epoch):
         report.warn("save_strategy", "is 'no', so save_steps/saves_per_epoch have no effect")
+    _check_best_checkpoint(config, report)
     if config.resume_from_checkpoint and config.auto_resume_from_checkpoints:
         report.warn("auto_resume_from_checkpoints", "resume_from_checkpoint names the checkpoint; this is unused")
+
+
+def _check_best_checkpoint(config: Any, report: Any) -> None:
+    """``early_stopping_patience`` and ``load_best_model_at_end`` rank checkpoints by eval loss: they need
+    evaluations and saves, and (as Axolotl requires) saves at steps with an evaluation."""
+    key = "early_stopping_patience" if config.early_stopping_patience is not None else "load_best_model_at_end"
+    if config.early_stopping_patience is None and not config.load_best_model_at_end:
+        return
+    if config.early_stopping_patience is not None and config.early_stopping_patience < 1:
+        report.error(key, f"must be at least 1 (or left out), not {config.early_stopping_patience}")
+    elif not (config.val_set_size or config.test_datasets) or not (config.eval_steps or config.evals_per_epoch):
+        report.error(key, "needs evaluations: set val_set_size (or test_datasets) and eval_steps or evals_per_epoch")
+    elif config.save_strategy == "no" or not (
+        config.save_steps or config.saves_per_epoch or config.save_strategy == "epoch"
+    ):
+        report.error(key, "keeps the best checkpoint as the final model: set save_steps or saves_per_epoch")
+    elif config.save_steps and config.eval_steps and config.save_steps % config.eval_steps:
+        report.error(
+            key,
+            f"save_steps ({config.save_steps}) must be a multiple of eval_steps ({config.eval_steps}), as in "
+            "Axolotl, so that every checkpoint has its eval loss",
+        )
 
 
 def _check_data(config: Any, report: Any) -> None:

@@ -238,6 +238,23 @@ def _quantization(value: Any, kept: dict[Any, Any], report: Report) -> None:
         )
 
 
+def _best_metric(value: Any, kept: dict[Any, Any], report: Report) -> None:
+    """Axolotl's ``metric_for_best_model``: the metric checkpoints are ranked by. ktrain ranks them by the eval
+    loss (``early_stopping_patience``, ``load_best_model_at_end``), so that one is accepted, any other refused."""
+    if value in ("eval_loss", "loss"):
+        report.warn("metric_for_best_model", "accepted: checkpoints are ranked by eval_loss, the lower the better")
+    else:
+        report.error("metric_for_best_model", f"{value!r} is not supported; checkpoints are ranked by eval_loss")
+
+
+def _greater_is_better(value: Any, kept: dict[Any, Any], report: Report) -> None:
+    """Axolotl's ``greater_is_better``: false is how the eval loss ranks (accepted); true is refused."""
+    if value is False:
+        report.warn("greater_is_better", "accepted: a lower eval_loss is better")
+    else:
+        report.error("greater_is_better", "only false is supported: checkpoints are ranked by eval_loss, lower first")
+
+
 def _number(value: Any) -> float | None:
     """A YAML number, or a string YAML 1.1 leaves unparsed (``5e-6``), as a float; None for anything else."""
     if isinstance(value, bool):
@@ -429,6 +446,8 @@ TRANSLATED = {
     "tokenizer_use_mistral_common": _mistral_common,
     "model_quantization_config_kwargs": _quantization_kwargs,  # before the class it configures
     "model_quantization_config": _quantization,
+    "metric_for_best_model": _best_metric,
+    "greater_is_better": _greater_is_better,
 }
 HANDLED_HERE = ("plugins", *TRANSLATED)
 """The top-level keys this module owns: ``plugins:`` and those of ``TRANSLATED``."""

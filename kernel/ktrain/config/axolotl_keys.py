@@ -812,13 +812,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "lisa_step_interval",
         "lisa_layers_attribute",
     ),
-    "early stopping and best-checkpoint selection are not supported yet; set max_steps or num_epochs and "
-    "compare the eval losses in metrics.jsonl": (
-        "early_stopping_patience",
-        "load_best_model_at_end",
-        "metric_for_best_model",
-        "greater_is_better",
-    ),
     "offloading activations is written gradient_checkpointing: offload in ktrain": ("layer_offloading",),
     "this LoRA variant or setting is not supported by ktrain-plugin-lora (adapter, lora_r, lora_alpha, "
     "lora_dropout, lora_target_modules, lora_target_linear, lora_target_parameters, lora_modules_to_save, "

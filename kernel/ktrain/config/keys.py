@@ -208,6 +208,14 @@ class RunKeys:
     loss_watchdog_patience: int = key(
         3, "logged steps in a row above loss_watchdog_threshold that stop the run", validator=attrs.validators.ge(1)
     )
+    early_stopping_patience: int | None = key(
+        None,
+        "stop when the eval loss has not improved for this many evaluations in a row; the final model is then the "
+        "checkpoint with the lowest eval loss (needs evaluation and saves)",
+    )
+    load_best_model_at_end: bool = key(
+        False, "the final model is the checkpoint with the lowest eval loss (needs evaluation and saves)"
+    )
     exact_match_eval: str | None = key(
         None, "chat jsonl whose assistant answers are checked by greedy generation before and after training"
     )

@@ -11,7 +11,8 @@ above fsynced: the rename is the commit marker. A kill at any moment leaves eith
 whole one; a stale ``.tmp-*`` is removed by the next save. A step saved again (after a resume from an
 older checkpoint) is staged afresh and replaces the old folder by renames: no folder is written twice.
 A full disk stops the save with "no space left on <path>: need N, have M" and leaves the checkpoints
-before it as they were. ``save_total_limit`` keeps the newest checkpoints, never fewer than two.
+before it as they were. ``save_total_limit`` keeps the newest checkpoints, never fewer than two, and the
+best one besides where the run ranks them by eval loss (``ktrain.run.early_stop``).
 
 A resume verifies the newest committed checkpoint against its manifest (every file's sha256, the files
 shared out over the ranks) before anything is deserialised, and falls back to the one before, with a
@@ -100,8 +101,14 @@ def _space_needed(root: Path, engine: Any, world_size: int) -> int:
     return first_checkpoint_bytes(engine.model, world_size)
 
 
-def save(run: Run, engine: Any, step: int, trainer_state: dict[str, Any]) -> Path:
-    """Save a complete checkpoint of ``step`` collectively; return its committed path.
+def path_of(run_dir: Path, step: int) -> Path:
+    """Where the checkpoint of ``step`` is committed."""
+    return checkpoint_root(run_dir) / f"{PREFIX}{step:08d}"
+
+
+def save(run: Run, engine: Any, step: int, trainer_state: dict[str, Any], keep: int | None = None) -> Path:
+    """Save a complete checkpoint of ``step`` collectively; return its committed path. Rotation
+    (``save_total_limit``) keeps the checkpoint of step ``keep`` besides the newest.
 
     Raises ``NoSpaceLeft`` on every rank whose disk is too small, before writing anything, and on a
     rank that meets a full disk while writing.
@@ -123,7 +130,7 @@ def save(run: Run, engine: Any, step: int, trainer_state: dict[str, Any]) -> Pat
     distributed.barrier()
     rng = _rng_state()  # what the next step draws from; writers (torch.save's ids) draw from it too
     try:
-        return _write(run, engine, step, trainer_state, staging, rng)
+        return _write(run, engine, step, trainer_state, staging, rng, keep)
     except Exception as e:
         if not manifest.is_no_space(e):
             raise
@@ -136,8 +143,10 @@ def save(run: Run, engine: Any, step: int, trainer_state: dict[str, Any]) -> Pat
         ) from e
 
 
-def _write(run: Run, engine: Any, step: int, trainer_state: dict[str, Any], staging: Path, rng: dict) -> Path:
-    root, final = staging.parent, staging.parent / f"{PREFIX}{step:08d}"
+def _write(
+    run: Run, engine: Any, step: int, trainer_state: dict[str, Any], staging: Path, rng: dict, keep: int | None
+) -> Path:
+    root, final = staging.parent, path_of(run.output_dir, step)
     maybe_fault("save-start", step, run.rank)
     facts = run.hook.ktrain_save_checkpoint(engine=engine, run=run, path=staging)
     if not facts or "format" not in facts:
@@ -185,7 +194,7 @@ def _write(run: Run, engine: Any, step: int, trainer_state: dict[str, Any], stag
         maybe_fault("save-before-commit", step, run.rank)
         _commit(staging, final)
         maybe_fault("save-after-commit", step, run.rank)
-        _prune(root, run.config.save_total_limit)
+        _prune(root, run.config.save_total_limit, keep)
     distributed.barrier()
     _set_rng_state(rng)  # a run that saved goes on exactly as one resumed from this checkpoint
     return final
@@ -202,11 +211,13 @@ def _commit(staging: Path, final: Path) -> None:
         shutil.rmtree(aside)
 
 
-def _prune(root: Path, keep: int | None) -> None:
-    if not keep:
+def _prune(root: Path, limit: int | None, keep: int | None) -> None:
+    """Remove all but the newest ``limit`` checkpoints (never fewer than two), except that of step ``keep``."""
+    if not limit:
         return
-    for old in complete_checkpoints(root)[: -max(keep, KEEP_AT_LEAST)]:
-        shutil.rmtree(old)
+    for old in complete_checkpoints(root)[: -max(limit, KEEP_AT_LEAST)]:
+        if old.name != f"{PREFIX}{keep or 0:08d}":
+            shutil.rmtree(old)
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:

@@ -30,6 +30,7 @@ from ktrain.data.preprocess import chat_ready
 from ktrain.data.stream import StreamRows
 from ktrain.run import checkpoints, distributed, libraries, nonfinite, stop
 from ktrain.run.context import Run, compute_dtype
+from ktrain.run.early_stop import EarlyStop
 from ktrain.run.faults import maybe_fault
 from ktrain.run.host_loss import HostLoss
 from ktrain.run.metrics import MetricsLog, flops_per_token, open_sinks, peak_flops, peak_memory_gib
@@ -187,7 +188,7 @@ class Trainer:
         self.plan = data.train
         total = self._total_steps(self.plan)
         self.build_engine(model, total)
-        start = 0
+        start, state = 0, {}
         point = (
             checkpoints.find_resume_point(
                 run, config.resume_from_checkpoint, required=resume and not config.auto_resume_from_checkpoints
@@ -200,6 +201,7 @@ class Trainer:
             start, self.tokens_seen = state["step"], state.get("tokens_seen", 0)
             if run.is_main:
                 print(f"resumed from {point} at step {start}", flush=True)
+        self.early = EarlyStop(config.early_stopping_patience, config.load_best_model_at_end, state.get("early_stop"))
         sinks = open_sinks(run) if run.is_main else []
         run.log = MetricsLog(run.output_dir / "metrics.jsonl", start, total, sinks, enabled=run.is_main)
         try:
@@ -226,6 +228,7 @@ class Trainer:
         self.engine.train(True)
         with stop.deferred():  # a signal: every rank stops at the next step's check (SIGTERM, SIGUSR1: after its save)
             metrics = self._steps(start, total, data, save_every, eval_every, seq_flops, peak)
+            self._restore_best()
             self._export()
         run.hook.ktrain_on_train_end(run=run, engine=self.engine, metrics=metrics)
         return metrics
@@ -274,24 +277,53 @@ class Trainer:
                 metrics = {"lr": self.engine.lr()}
             run.hook.ktrain_on_step_end(run=run, step=run.step, metrics=metrics)
             run.log.tick(run.step)
-            if data.eval_rows and ((eval_every and run.step % eval_every == 0) or run.step == total):
+            save_now = bool(save_every) and (run.step % save_every == 0 or run.step == total) and run.step != last_saved
+            stopping = False
+            if data.eval_rows and (
+                (eval_every and run.step % eval_every == 0) or run.step == total or (save_now and self.early.on)
+            ):  # tracking the best checkpoint, every save has its eval loss
                 eval_metrics = {"eval_loss": self.evaluate(data.eval_rows, data.eval_packed)}
                 run.log.write(run.step, eval_metrics)
                 run.hook.ktrain_on_eval_end(run=run, step=run.step, metrics=eval_metrics)
-            if save_every and (run.step % save_every == 0 or run.step == total) and run.step != last_saved:
+                stopping = self.early.on and self.early.observe(run.step, eval_metrics["eval_loss"])
+            if save_now:
                 self._save()
                 last_saved = run.step
             if stop.agreed():  # pre-empted (SIGTERM, SIGUSR1): the step is done; save it, then every rank stops
                 if config.save_strategy != "no" and run.step != last_saved:
                     self._save()
                 raise stop.Interrupted(stop.agreed())
+            if stopping:
+                if run.is_main:
+                    print(
+                        f"stopped early at step {run.step}: eval_loss has not improved on {self.early.best_loss:.4g} "
+                        f"for {self.early.since_best} evaluations (early_stopping_patience)",
+                        flush=True,
+                    )
+                break
         return metrics
 
     def _save(self) -> None:
         """Save the checkpoint of the step just finished (collectively) and tell the plugins."""
         run = self.run
-        path = checkpoints.save(run, self.engine, run.step, {"step": run.step, "tokens_seen": self.tokens_seen})
+        state: dict[str, Any] = {"step": run.step, "tokens_seen": self.tokens_seen}
+        if self.early.on:
+            self.early.saving(run.step)
+            state["early_stop"] = self.early.state_dict()
+        path = checkpoints.save(run, self.engine, run.step, state, keep=self.early.best_step())
         run.hook.ktrain_on_checkpoint_saved(run=run, step=run.step, path=path)
+
+    def _restore_best(self) -> None:
+        """Where the run ranks its checkpoints by eval loss: the best one's weights loaded back to be exported."""
+        best = self.early.best_step()
+        if best is None:
+            return
+        path = checkpoints.path_of(self.run.output_dir, best)
+        if best != self.run.step:
+            checkpoints.load(self.run, self.engine, path)
+        if self.run.is_main:
+            loss = self.early.best_checkpoint[1]
+            print(f"final model: the weights of step {best}, the best checkpoint's eval_loss {loss:.4g} ({path})")
 
     def _export(self) -> None:
         run = self.run
