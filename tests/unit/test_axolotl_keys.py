@@ -114,7 +114,7 @@ def test_unsupported_keys_are_refused_with_what_ktrain_offers(tmp_path, tiny_mod
     expected = {
         "processor_type: not supported: vision": "not supported by ktrain yet",
         "lisa_n_layers: not supported": "unfrozen_parameters",
-        "group_by_length: not supported": "sample_packing",
+        "curriculum_sampling: not supported": "sample_packing",
         "plugins[0]: axolotl.integrations.swanlab.SwanLabPlugin": "no ktrain equivalent",
         "datasets[0].field_human: not supported": "message_property_mappings",
         "fsdp_config.mixed_precision_policy: not supported": "bf16",

@@ -136,8 +136,16 @@ def _check_run(config: Any, report: Any) -> None:
     if config.save_strategy == "no" and (config.save_steps or config.saves_per_epoch):
         report.warn("save_strategy", "is 'no', so save_steps/saves_per_epoch have no effect")
     _check_best_checkpoint(config, report)
+    _check_group_by_length(config, report)
     if config.resume_from_checkpoint and config.auto_resume_from_checkpoints:
         report.warn("auto_resume_from_checkpoints", "resume_from_checkpoint names the checkpoint; this is unused")
+
+
+def _check_group_by_length(config: Any, report: Any) -> None:
+    """``group_by_length`` orders unpacked rows; packed or streamed rows are all about ``sequence_len`` long."""
+    if config.group_by_length and (config.sample_packing or config.pretraining_dataset):
+        why = "sample_packing" if config.sample_packing else "pretraining_dataset"
+        report.warn("group_by_length", f"no effect with {why}: its rows are all about sequence_len long")
 
 
 def _check_best_checkpoint(config: Any, report: Any) -> None:

@@ -1031,7 +1031,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "(pad_to_sequence_len), or packed (sample_packing)": (
         "pad_to_multiple_of",
         "batch_flattening",
-        "group_by_length",
         "curriculum_sampling",
         "use_pose",
         "pose_split_on_token_ids",

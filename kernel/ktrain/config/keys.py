@@ -108,6 +108,9 @@ class DataKeys:
         "ffd", "packing algorithm: first-fit-decreasing or best-fit (both by length, longest first)"
     )
     eval_sample_packing: bool | None = key(None, "pack the evaluation rows too (default: as sample_packing)")
+    group_by_length: bool = key(
+        False, "training rows of similar length batched together to pad less (unpacked rows; as transformers does)"
+    )
     train_on_inputs: bool = key(False, "put labels on prompt tokens as well")
     special_tokens: dict[str, str] | None = key(
         None, "the tokenizer's special tokens to set (bos_token, eos_token, pad_token, ...), added when new"

@@ -3,7 +3,10 @@
 The order of an epoch depends only on the seed and the epoch number, so a resumed run needs nothing but
 its step to be at the same place: no sampler state, no DataLoader generator to restore. The rows of one
 optimizer step are the same whatever the split into ranks and micro-batches, so losses compare
-across layouts.
+across layouts. With ``group_by_length`` the shuffled order is grouped as Hugging Face's
+``LengthGroupedSampler`` groups it, with one optimizer step's rows as its batch: cut into mega-batches of
+up to 50 steps, each sorted longest first, the longest row of all in the first step; a micro-batch then
+holds rows of similar length and pads less.
 """
 
 from __future__ import annotations
@@ -18,16 +21,21 @@ import torch
 from ktrain.data.examples import Example, TokenTable
 from ktrain.data.formats import IGNORE
 
+MEGA_BATCH_STEPS = 50
+"""Steps of a mega-batch sorted by length (``group_by_length``), at most; fewer when the epoch has under 200."""
 
-@attrs.frozen
+
+@attrs.frozen(cache_hash=True)
 class BatchPlan:
-    """Rows of ``n`` examples cut into global batches of ``micro × accum × dp_size`` rows per step."""
+    """Rows of ``n`` examples cut into global batches of ``micro × accum × dp_size`` rows per step; with
+    ``lengths`` (each row's tokens) the order of an epoch is grouped by length."""
 
     n: int
     micro: int
     accum: int
     dp_size: int
     seed: int
+    lengths: tuple[int, ...] = ()
 
     @property
     def rows_per_step(self) -> int:
@@ -41,7 +49,15 @@ class BatchPlan:
     def order(self, epoch: int) -> list[int]:
         order = list(range(self.n))
         random.Random(f"ktrain:{self.seed}:{epoch}").shuffle(order)
-        return order
+        return self._grouped(order) if self.lengths else order
+
+    def _grouped(self, order: list[int]) -> list[int]:
+        """``order`` cut into mega-batches sorted longest first, the longest row moved to the front."""
+        size = max(min(self.n // (self.rows_per_step * 4), MEGA_BATCH_STEPS), 1) * self.rows_per_step
+        megas = [sorted(order[i : i + size], key=lambda r: -self.lengths[r]) for i in range(0, self.n, size)]
+        longest = max(range(len(megas)), key=lambda m: self.lengths[megas[m][0]])
+        megas[0][0], megas[longest][0] = megas[longest][0], megas[0][0]
+        return [r for mega in megas for r in mega]
 
     def step_rows(self, step: int) -> list[list[list[int]]]:
         """Row indices of global ``step`` (counted from 0 over all epochs): ``[rank][micro] -> rows``."""

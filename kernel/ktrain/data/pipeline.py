@@ -92,5 +92,7 @@ def load(run: Any, barrier: Any) -> TrainData:
     rows, line = rows_of(prepared.train, train_idx, config.sample_packing, config)
     summary.append(f"data: {len(train_idx)} training samples, {len(eval_rows)} evaluation rows")
     summary += [f"  packing: {line}"] if line else []
-    plan = BatchPlan(len(rows), micro, accum, dp, config.seed)
+    grouped = config.group_by_length and not config.sample_packing  # packed rows are all about sequence_len long
+    lengths = tuple(int(prepared.train.lengths[row[0]]) for row in rows) if grouped else ()
+    plan = BatchPlan(len(rows), micro, accum, dp, config.seed, lengths)
     return TrainData(PlannedRows(prepared.train, rows, plan), eval_rows, config.sample_packing, eval_packed, summary)
