@@ -92,7 +92,15 @@ def _check_batch(config: Any, report: Any) -> None:
     ):
         if getattr(config, name) < 1:
             report.error(name, f"must be at least 1, not {getattr(config, name)}")
-    for name in ("max_steps", "eval_steps", "save_steps", "saves_per_epoch", "evals_per_epoch", "save_total_limit"):
+    for name in (
+        "max_steps",
+        "eval_steps",
+        "save_steps",
+        "saves_per_epoch",
+        "evals_per_epoch",
+        "save_total_limit",
+        "min_sample_len",
+    ):
         value = getattr(config, name)
         if name == "evals_per_epoch" and value == 0:
             report.warn(name, "is 0: no evaluation within the epochs, as when left out")

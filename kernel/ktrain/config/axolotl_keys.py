@@ -640,6 +640,10 @@ ACCEPTED: dict[str, tuple[str, ...]] = {
     ),
     "ktrain loads on the meta device with PyTorch itself": ("torchdistx_path", "low_cpu_mem_usage"),
     "ktrain always tokenizes before training and caches the rows (dataset_prepared_path)": ("skip_prepare_dataset",),
+    "ktrain reads the datasets whole, tokenized into its cache before training, instead of streaming them: the same "
+    "rows train, in ktrain's seeded order rather than a stream's shuffle buffer, and the dataset must fit on disk": (
+        "streaming",
+    ),
     "ktrain's data loader settings are its own": (
         "dataloader_pin_memory",
         "dataloader_num_workers",
@@ -841,13 +845,17 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "(load_in_4bit, load_in_8bit)": (
         "gptq",
         "quantization",
-        "use_onebitllms",
         "llmcompressor",
         "nonexpert_quantization",
         "dsv4_fp8_nonexpert_mode",
         "dsv4_fp8_lora_kernel",
         "gemma4_fp8_nonexpert",
         "gemma4_nf4_nonexpert",
+    ),
+    "1.58-bit (BitNet) training with the onebitllms library is not supported; ktrain trains the model's own linear "
+    "layers": ("use_onebitllms",),
+    "merge-aware LoRA on NVFP4 experts needs NVFP4 expert weights and their kernels (sonicmoe), which ktrain does not "
+    "have; train the adapter without it (`ktrain export` merges it into full-precision weights)": (
         "nvfp4_merge_aware",
         "nvfp4_merge_aware_start_step",
     ),
@@ -1023,7 +1031,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     "ktrain truncates rows longer than sequence_len and counts them; other length rules are not supported": (
         "excess_length_strategy",
         "eval_sequence_len",
-        "min_sample_len",
         "max_prompt_len",
         "max_packed_sequence_len",
     ),
@@ -1043,7 +1050,6 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
     ),
     "datasets are read whole (pretraining_dataset streams) and not sharded; "
     "dataset_exact_deduplication drops repeated samples": (
-        "streaming",
         "dataset_shard_num",
         "dataset_shard_idx",
         "num_dataset_shards_to_save",

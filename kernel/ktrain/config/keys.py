@@ -102,6 +102,7 @@ class DataKeys:
     test_datasets: list[DatasetEntry] = key([], "evaluation datasets (instead of val_set_size)")
     val_set_size: float = key(0.0, "held-out share (< 1) or number of rows (>= 1) for evaluation")
     sequence_len: int = key(2048, "longest row in tokens; longer rows are truncated and counted")
+    min_sample_len: int | None = key(None, "drop a sample of fewer tokens than this (before truncation), counted")
     pad_to_sequence_len: bool = key(False, "pad every row to sequence_len")
     sample_packing: bool = key(False, "pack several samples into one row of sequence_len, attention kept apart")
     sample_packing_method: Literal["ffd", "best_fit"] = key(

@@ -60,7 +60,14 @@ def cache_key(config: Any, tokenizer: Any, formats_registry: Registry) -> str:
         "tokenizer": _tokenizer_identity(tokenizer),
         "keys": {
             k: getattr(config, k)
-            for k in ("sequence_len", "train_on_inputs", "chat_template", "eot_tokens", "dataset_exact_deduplication")
+            for k in (
+                "sequence_len",
+                "min_sample_len",
+                "train_on_inputs",
+                "chat_template",
+                "eot_tokens",
+                "dataset_exact_deduplication",
+            )
         },
         "jinja": config.chat_template_jinja,
     }

@@ -106,6 +106,7 @@ class DatasetStats:
     empty: int = 0
     untrained: int = 0
     truncated: int = 0
+    short: int = 0
     duplicates: int = 0
     problems: list[str] = attrs.field(factory=list)
 
@@ -113,6 +114,7 @@ class DatasetStats:
         return (
             f"{self.where} ({self.type}): {self.samples} samples, {self.kept} kept; {self.truncated} truncated to "
             f"sequence_len, {self.untrained} without a trained token, {self.empty} empty, {self.invalid} invalid"
+            + (f", {self.short} shorter than min_sample_len" if self.short else "")
             + (f", {self.duplicates} duplicates" if self.duplicates else "")
         )
 
@@ -120,7 +122,8 @@ class DatasetStats:
 def tokenize_entry(
     entry: Any, where: str, tokenizer: Any, formats: Registry, config: Any, builder: TableBuilder, strict: bool
 ) -> DatasetStats:
-    """Tokenize every sample of one entry into ``builder``: truncate to ``sequence_len``, drop untrained ones."""
+    """Tokenize every sample of one entry into ``builder``: drop those under ``min_sample_len`` tokens, truncate to
+    ``sequence_len``, drop untrained ones."""
     name = entry.type or "pre-tokenized"
     stats = DatasetStats(where, name)
     tokenize = formats.get(entry.type, f"{where}.type") if entry.type else pretokenized
@@ -152,6 +155,9 @@ def tokenize_entry(
             stats.empty += 1
             continue
         ids, labels = out["input_ids"], out["labels"]
+        if config.min_sample_len and len(ids) < config.min_sample_len:
+            stats.short += 1
+            continue
         if len(ids) > limit:
             stats.truncated += 1
             ids, labels = ids[:limit], labels[:limit]
