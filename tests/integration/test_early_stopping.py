@@ -108,3 +108,11 @@ def test_patience_without_evaluations_or_saves_is_one_clear_error(tmp_path: Path
         prepare(write_config(tmp_path, **{**KEYS, **keys}))
     assert [str(e).split(":")[0] for e in caught.value.report.errors] == ["early_stopping_patience"]
     assert said in str(caught.value.report.errors[0])
+
+
+def test_load_best_model_at_end_without_an_evaluation_split_has_no_effect(tmp_path: Path) -> None:
+    model_dir(tmp_path)
+    dataset(tmp_path, 8)
+    keys = {**KEYS, "early_stopping_patience": None, "load_best_model_at_end": True, "val_set_size": 0}
+    plan = prepare(write_config(tmp_path, **keys))
+    assert any("load_best_model_at_end: no effect" in str(note) for note in plan.warnings)

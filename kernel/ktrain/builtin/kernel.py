@@ -158,13 +158,17 @@ def _check_group_by_length(config: Any, report: Any) -> None:
 
 def _check_best_checkpoint(config: Any, report: Any) -> None:
     """``early_stopping_patience`` and ``load_best_model_at_end`` rank checkpoints by eval loss: they need
-    evaluations and saves, and (as Axolotl requires) saves at steps with an evaluation."""
+    evaluations and saves, and (as Axolotl requires) saves at steps with an evaluation. ``load_best_model_at_end``
+    alone without an evaluation split has no effect, as in Axolotl."""
     key = "early_stopping_patience" if config.early_stopping_patience is not None else "load_best_model_at_end"
     if config.early_stopping_patience is None and not config.load_best_model_at_end:
         return
+    evaluated = bool(config.val_set_size or config.test_datasets)
     if config.early_stopping_patience is not None and config.early_stopping_patience < 1:
         report.error(key, f"must be at least 1 (or left out), not {config.early_stopping_patience}")
-    elif not (config.val_set_size or config.test_datasets) or not (config.eval_steps or config.evals_per_epoch):
+    elif config.early_stopping_patience is None and not evaluated:
+        report.warn(key, "no effect: nothing is evaluated (Axolotl sets it only with an evaluation split)")
+    elif not evaluated or not (config.eval_steps or config.evals_per_epoch):
         report.error(key, "needs evaluations: set val_set_size (or test_datasets) and eval_steps or evals_per_epoch")
     elif config.save_strategy == "no" or not (
         config.save_steps or config.saves_per_epoch or config.save_strategy == "epoch"
