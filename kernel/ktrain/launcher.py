@@ -5,7 +5,8 @@ output and an error's traceback go to the rank's log, ``output_dir/logs/rank-N.l
 naming a failure names too.
 
 One rank runs in this process. More start through ``torch.distributed.run`` (the elastic launcher,
-called in process): when a rank fails, the agent stops the others, and the first failure is shown.
+called in process), forked from a fork server that imported the libraries once (``ktrain.run.forked``):
+when a rank fails, the agent stops the others, and the first failure is shown.
 With ``--max-restarts N`` (one rank too then runs under the agent) the agent starts every rank again,
 up to N times, and they resume from the latest complete checkpoint. Before they start, this process
 tokenizes the datasets into their cache (``ktrain.data.preprocess.before_ranks``), so no rank waits in a
@@ -85,8 +86,11 @@ def launch(args: argparse.Namespace) -> int:
         else:
             code = _data_before_ranks(run_dir, plan.mesh.world_size)
             if code == EXIT_OK:
-                worker = ["-m", "ktrain.run.worker", str(run_dir), *(["--resume"] if args.resume else [])]
-                code = run_ranks(plan.mesh.world_size // args.nnodes, args, worker, run_dir)
+                worker = ["ktrain.run.worker", str(run_dir), *(["--resume"] if args.resume else [])]
+                preload = tuple(
+                    act.obj.partition(":")[0] for act in plan.plugins.activations if isinstance(act.obj, str)
+                )
+                code = run_ranks(plan.mesh.world_size // args.nnodes, args, worker, run_dir, preload)
         if code == EXIT_BAD_INPUT and not args.node_rank:  # the first machine's launcher owns the folder
             before.restore()
         elif code > 128:
@@ -183,15 +187,39 @@ def quiet_agent() -> None:
             logging.getLogger(name).setLevel(logging.ERROR + 1)
 
 
-def run_ranks(nproc: int, args: argparse.Namespace, worker: list[str], run_dir: Path | None = None) -> int:
-    """Start ``nproc`` ranks here running ``worker`` (``-m MODULE ARGS...``) under the elastic agent, as ``args``
-    (``nnodes``, ``max_restarts``, the rendezvous) say; when one fails, stop the others and name the first
-    (and its log, where the ranks of the run in ``run_dir`` write their tracebacks)."""
+def _start_forked(parsed: argparse.Namespace, worker: list[str], preload: tuple[str, ...]) -> None:
+    """What ``torchrun`` does with ``parsed``, the ranks running ``MODULE.main(ARGS)`` (``worker``) forked from
+    a fork server that imported ``preload`` (``ktrain.run.forked``) instead of each starting Python afresh."""
+    import uuid
+
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args
+
+    from ktrain.run.forked import rank_entry, start_server
+
+    if parsed.standalone:  # as torchrun's own: a rendezvous on a free port of this machine
+        parsed.rdzv_backend, parsed.rdzv_endpoint, parsed.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    config, _, _ = config_from_args(parsed)
+    config.start_method = "forkserver"
+    start_server(preload)
+    elastic_launch(config=config, entrypoint=rank_entry)(*worker)
+
+
+def run_ranks(
+    nproc: int,
+    args: argparse.Namespace,
+    worker: list[str],
+    run_dir: Path | None = None,
+    preload: tuple[str, ...] = (),
+) -> int:
+    """Start ``nproc`` ranks here running ``worker`` (``MODULE ARGS...``: the module's ``main(ARGS)``) under
+    the elastic agent, as ``args`` (``nnodes``, ``max_restarts``, the rendezvous) say, forked from a process that
+    imported ``preload`` too (``ktrain.run.forked``); when one fails, stop the others and name the first (and its
+    log, where the ranks of the run in ``run_dir`` write their tracebacks)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import get_args_parser
-    from torch.distributed.run import run as elastic_run
 
     from ktrain.run import console, outcome
 
@@ -224,11 +252,11 @@ def run_ranks(nproc: int, args: argparse.Namespace, worker: list[str], run_dir: 
         ]
     else:
         argv += ["--standalone"]
-    argv += worker
+    argv += ["-m", *worker]
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     quiet_agent()
     try:
-        elastic_run(get_args_parser().parse_args(argv))
+        _start_forked(get_args_parser().parse_args(argv), worker, preload)
     except SignalException as e:  # SIGINT/SIGTERM to the launcher: the agent passed it on and the ranks stopped
         return 128 + int(e.sigval)
     except RendezvousError as e:  # another machine is gone (it held the rendezvous) or never came

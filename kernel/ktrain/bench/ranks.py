@@ -18,8 +18,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from torch.distributed.elastic.multiprocessing.errors import record
-
 from ktrain.bench.measure import measure
 
 REPORT = "bench.json"
@@ -33,14 +31,13 @@ def bench_ranks(run_dir: Path, config: str, nproc: int, *, steps: int, warmup: i
     """Time the step of the run files in ``run_dir`` on ``nproc`` ranks; return rank 0's report."""
     from ktrain.launcher import EXIT_OK, run_ranks
 
-    worker = ["-m", "ktrain.bench.ranks", str(run_dir), config, "--steps", str(steps), "--warmup", str(warmup)]
+    worker = ["ktrain.bench.ranks", str(run_dir), config, "--steps", str(steps), "--warmup", str(warmup)]
     launch = argparse.Namespace(nnodes=1, max_restarts=0, rdzv_endpoint=None)
     if run_ranks(nproc, launch, worker + (["--synthetic"] if synthetic else [])) != EXIT_OK:
         raise RanksFailed(f"ktrain bench: a rank of {nproc} failed (above)")
     return json.loads((run_dir / REPORT).read_text(encoding="utf-8"))
 
 
-@record
 def main(argv: list[str] | None = None) -> int:
     """One rank of ``ktrain bench --nproc-per-node``: build the run from RUN_DIR, time it, rank 0 writes the report."""
     from ktrain.run import distributed
@@ -64,8 +61,3 @@ def main(argv: list[str] | None = None) -> int:
         distributed.shutdown()
     return 0
 
-
-if __name__ == "__main__":
-    from ktrain.run.hard_exit import end_process
-
-    end_process(main())

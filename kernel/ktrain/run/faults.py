@@ -22,17 +22,24 @@ Unset, each check is one test of an empty dictionary.
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import os
 import signal
 import time
 
-_SPEC = os.environ.get("KTRAIN_FAULT", "")
-_RESTARTED = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
-_FAULTS = {
-    (where, int(step), rank): action
-    for where, step, rank, action in (item.split(":") for item in _SPEC.split(",") if item and not _RESTARTED)
-}
+from ktrain.run.forked import AGENT_PID_ENV
+
+
+@functools.cache
+def _faults() -> dict[tuple[str, int, str], str]:
+    """The faults of ``KTRAIN_FAULT``, read at the first check: a rank forked from a process that imported this
+    module earlier (``ktrain.run.forked``) has its own environment only from its start."""
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return {}
+    spec = os.environ.get("KTRAIN_FAULT", "")
+    items = (item.split(":") for item in spec.split(",") if item)
+    return {(where, int(step), rank): action for where, step, rank, action in items}
 
 
 class InjectedFault(RuntimeError):
@@ -40,12 +47,13 @@ class InjectedFault(RuntimeError):
 
 
 def _action(where: str, step: int, rank: int) -> str | None:
-    return _FAULTS.get((where, step, str(rank))) or _FAULTS.get((where, step, "*"))
+    faults = _faults()
+    return faults.get((where, step, str(rank))) or faults.get((where, step, "*"))
 
 
 def maybe_fault(where: str, step: int, rank: int) -> None:
     """Fire the fault configured for this place, step and rank, if any."""
-    if not _FAULTS:
+    if not _faults():
         return
     action = _action(where, step, rank)
     if action is None:
@@ -55,8 +63,8 @@ def maybe_fault(where: str, step: int, rank: int) -> None:
     if action == "exit":
         os._exit(3)
     if action == "sigkill-agent":
-        if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank of the elastic agent (one process is its own agent)
-            os.kill(os.getppid(), signal.SIGKILL)
+        if AGENT_PID_ENV in os.environ:  # a rank of the elastic agent (one process is its own agent)
+            os.kill(int(os.environ[AGENT_PID_ENV]), signal.SIGKILL)
         action = "sigkill"
     if action == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -70,6 +78,6 @@ def maybe_fault(where: str, step: int, rank: int) -> None:
 
 def loss(step: int, rank: int, value: float) -> float:
     """``value``, or NaN where a ``loss:<step>:<rank>:nan`` fault is set."""
-    if not _FAULTS:
+    if not _faults():
         return value
     return math.nan if _action("loss", step, rank) == "nan" else value

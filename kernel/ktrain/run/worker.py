@@ -1,4 +1,4 @@
-"""What each rank runs: ``python -m ktrain.run.worker RUN_DIR [--resume]`` (started by ``ktrain run``).
+"""What each rank runs: ``main([RUN_DIR, "--resume"?])``, forked by ``ktrain run`` (``ktrain.run.forked``).
 
 Its output is routed (``ktrain.run.console``): ktrain's lines to the terminal, everything else (the
 libraries' warnings and progress bars, an error's traceback) to ``RUN_DIR/logs/rank-N.log``.
@@ -14,10 +14,8 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
-import signal
 import time
 from pathlib import Path
-from types import FrameType
 
 
 def _restarted_with_checkpoint(run_dir: Path) -> bool:
@@ -68,19 +66,3 @@ def _peer_gone(error: BaseException) -> bool:
     """Whether ``error`` is a collective failing because another rank ended (its error is the run's cause)."""
     text = str(error)
     return "closed by peer" in text or "reset by peer" in text or type(error).__name__ == "DistNetworkError"
-
-
-def _stopped_while_starting(signum: int, frame: FrameType | None) -> None:
-    """SIGINT, SIGTERM or SIGUSR1 while the rank imports torch: nothing is written yet, so leave at once, quietly."""
-    del frame
-    os._exit(128 + signum)
-
-
-if __name__ == "__main__":
-    for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(_signum, _stopped_while_starting)
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    from ktrain.run.hard_exit import end_process
-
-    end_process(record(main)())  # a rank that raised leaves through the traceback, its error recorded for the launcher

@@ -1,0 +1,35 @@
+"""Imported by multiprocessing's fork server before it forks ranks (``ktrain.run.forked``): it imports the
+modules named in ``KTRAIN_PRELOAD`` with the process's output sent nowhere, so the libraries' import-time
+messages do not reach the terminal once more (each rank's log has its own start). A module that fails to
+import is left for the rank, which imports it again and reports the error where it belongs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+
+
+def _import_quietly(modules: list[str]) -> None:
+    """Import ``modules``, file descriptors 1 and 2 pointed at the null device meanwhile."""
+    saved = [os.dup(fd) for fd in (1, 2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            os.dup2(null, fd)
+        for name in modules:
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(null)
+
+
+_import_quietly([name for name in os.environ.get("KTRAIN_PRELOAD", "").split(",") if name])

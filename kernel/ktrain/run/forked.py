@@ -1,0 +1,73 @@
+"""Ranks forked from a process that imported the libraries once (multiprocessing's fork server).
+
+A rank started as ``python -m MODULE`` imports torch, transformers and the plugins itself: about five
+seconds of CPU per rank, paid again by every rank of a machine at the same moment. ``ktrain run`` starts
+its ranks instead from a fork server that imported them once (``PRELOAD``), so a rank begins where the
+imports end. The fork server is a single-threaded process of its own, started before the first rank, with
+the launcher's environment at that moment; it never touches a device, so each rank sets up CUDA and its
+process group itself, as a fresh process does.
+
+``rank_entry`` is what a forked rank runs: the same ``main(argv)`` of the worker module that ``python -m``
+would run, with the same exit codes (a stopped rank 130/143/138, bad input 2), the same error file for
+the launcher's one line, and the traceback in the rank's log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing
+import os
+import signal
+import sys
+import traceback
+from types import FrameType
+
+from ktrain.run.hard_exit import end_process
+
+PRELOAD_ENV = "KTRAIN_PRELOAD"
+"""Comma-separated modules the fork server imports before it forks ranks (set by ``start_server``)."""
+AGENT_PID_ENV = "KTRAIN_AGENT_PID"
+"""The launcher's process id (the elastic agent), which a forked rank's parent (the fork server) is not."""
+PRELOAD = ("ktrain.run.worker", "ktrain.run.trainer", "transformers", "transformers.modeling_utils")
+"""What every rank imports: the kernel's rank side and transformers' model machinery."""
+
+
+def start_server(extra: tuple[str, ...] = ()) -> None:
+    """Have multiprocessing's fork server import ``PRELOAD`` and ``extra`` (a plugin's runtime, the model's
+    module) when it starts; it starts with the first rank, from this process's environment then."""
+    os.environ[PRELOAD_ENV] = ",".join(dict.fromkeys((*PRELOAD, *extra)))
+    os.environ[AGENT_PID_ENV] = str(os.getpid())
+    multiprocessing.set_forkserver_preload([f"{__package__}.fork_server"])
+
+
+def _stopped_while_starting(signum: int, frame: FrameType | None) -> None:
+    """SIGINT, SIGTERM or SIGUSR1 before the rank's own handlers are in place: nothing is written yet, so
+    leave at once, quietly."""
+    del frame
+    os._exit(128 + signum)
+
+
+def rank_entry(module: str, *argv: str) -> int:
+    """One rank: ``MODULE.main(argv)`` as ``python -m MODULE ARGV...`` runs it, in a forked process.
+
+    A non-zero exit code leaves at once (``end_process``), as does an error, after its traceback went to
+    the rank's log and torch elastic's error file recorded it; a finished rank returns 0 to the agent.
+    """
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signum, _stopped_while_starting)
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    try:
+        code = record(importlib.import_module(module).main)(list(argv))
+    except SystemExit as e:  # argparse's own exit
+        end_process(e.code if isinstance(e.code, int) else 1)
+    except BaseException:  # recorded in the error file for the launcher; the traceback for the rank's log
+        traceback.print_exc()
+        end_process(1)
+    if code:
+        end_process(code)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    return 0
