@@ -98,9 +98,9 @@ def _configure_bench(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--peer",
-        choices=["hf", "trl", "torchtitan"],
-        help="also time a peer, first, on the same rows: hf, the plain Hugging Face step; trl, TRL's DPOTrainer "
-        "(torchtitan is refused: its release needs a PyTorch nightly)",
+        choices=["hf", "trl", "axolotl", "torchtitan"],
+        help="also time a peer, first, on the same rows: hf, the plain Hugging Face step; trl, TRL's DPOTrainer; "
+        "axolotl, Axolotl itself on the same YAML (torchtitan is refused: its release needs a PyTorch nightly)",
     )
     p.add_argument(
         "--peer-micro-batch",

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ktrain.bench import axolotl_peer
 from ktrain.bench.measure import measure
 from ktrain.bench.ranks import RanksFailed, bench_ranks
 from ktrain.bench.report import describe_report
@@ -93,14 +94,28 @@ def bench(
             return bench_ranks(run_dir, config, ranks, steps=steps, warmup=warmup, synthetic=synthetic)
         if lengths and not lengths[2]:  # the peer's micro batch defaults to the config's
             lengths = (lengths[0], lengths[1], plan.config.micro_batch_size)
+        axolotl = None
+        if peer == "axolotl":  # first, in its own process, before this one holds the GPU
+            axolotl = axolotl_peer.time_axolotl(config, overrides, plan.config, run_dir, warmup, steps, synthetic)
+            peer = None
         run = rank_run(run_dir)  # the one rank, set up as a training rank is
         try:
             return measure(
                 run, config, steps=steps, warmup=warmup, synthetic=synthetic, peer=peer, peer_variant=peer_variant,
-                profile_to=profile_to, lengths=lengths, pairs=pairs,
+                profile_to=profile_to, lengths=lengths, pairs=pairs, axolotl=axolotl,
             )  # fmt: skip
         finally:
             distributed.shutdown()
+
+
+def _axolotl_refusal(lengths: Lengths | None, pairs: Pairs | None) -> str | None:
+    """Why ``--peer axolotl`` cannot run here (None: it can): it trains the config's data or synthetic rows of
+    ``sequence_len`` tokens, and needs Axolotl."""
+    if lengths or pairs:
+        return "Axolotl trains the config's datasets or synthetic rows: leave out --lengths and --pairs"
+    if not axolotl_peer.installed():
+        return "axolotl is not installed here: pip install 'axolotl==0.19.*'"
+    return None
 
 
 def _check_pairs(config: Any, peer: str | None, pairs: Pairs | None) -> None:
@@ -161,6 +176,10 @@ def bench_cli(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"ktrain: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    refused = _axolotl_refusal(lengths, pairs) if args.peer == "axolotl" else None
+    if refused:
+        print(f"ktrain: --peer axolotl: {refused}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.nproc_per_node is not None and args.nproc_per_node < 1:
         print("ktrain: --nproc-per-node must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -178,7 +197,7 @@ def bench_cli(args: argparse.Namespace) -> int:
             nproc=args.nproc_per_node,
             pairs=pairs,
         )
-    except RanksFailed as e:
+    except (RanksFailed, axolotl_peer.AxolotlFailed) as e:
         print(e, file=sys.stderr)
         return EXIT_FAILED
     except (DataError, FileNotFoundError) as e:

@@ -12,6 +12,8 @@ from typing import Any
 import attrs
 import torch
 
+from ktrain.bench import axolotl_peer
+from ktrain.bench.axolotl_peer import AxolotlConfig, AxolotlTiming
 from ktrain.bench.rows import LENGTH_SIGMA, Lengths, Pairs, padding
 from ktrain.bench.timing import Timed, reset_memory, run_steps
 from ktrain.bench.trainer import BenchTrainer
@@ -143,8 +145,11 @@ def measure(
     profile_to: Path | None = None,
     lengths: Lengths | None = None,
     pairs: Pairs | None = None,
+    axolotl: tuple[AxolotlTiming, AxolotlConfig] | None = None,
 ) -> dict[str, Any]:
     """Time the run's step on this rank, all ranks together (and first the peer's, in one process only).
+
+    ``axolotl``: Axolotl's run of the same config, timed before (``ktrain.bench.axolotl_peer``), reported as the peer.
 
     tokens/s counts the tokens of every rank; MFU divides by the ranks' peaks; the peak memory is the
     largest of any rank, the losses are the token means over the global batch. Each rank times its own
@@ -197,6 +202,15 @@ def measure(
         report["fp8_peak_tflops"] = peak * FP8_TO_BF16_PEAK / 1e12
         report["ktrain"]["mfu_fp8_peak"] = report["ktrain"]["mfu"] / FP8_TO_BF16_PEAK
     report["device_state_missing"] = trainer.timeline.monitor.why_not
+    if axolotl:
+        timing, written = axolotl
+        tokens_per_step = timed.tokens // timed.steps
+        report["peer"] = axolotl_peer.side(timing, tokens_per_step, flops, peak, run.device.type == "cuda")
+        report["peer_setup"] = (
+            f"Axolotl's own log: median {axolotl_peer.TOKENS_PER_S} of the steps after the warm-up, "
+            f"the largest {axolotl_peer.PEAK_GIB}; no split of its step"
+        )
+        report["peer_differences"] = list(written.differences)
     if report["peer"]:
         report["ratio"] = report["ktrain"]["tokens_per_s"] / report["peer"]["tokens_per_s"]
     return report

@@ -11,6 +11,10 @@ def _fmt_gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
+def _fmt_ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
 def describe_report(report: dict[str, Any]) -> str:
     """The report as the command prints it."""
     f = report["formula"]
@@ -41,15 +45,17 @@ def describe_report(report: dict[str, Any]) -> str:
         if side is None:
             continue
         mfu = f"{side['mfu']:.1%}" if side["mfu"] is not None else "n/a"
-        split = side["split_s"]
+        split = side["split_s"] or {}  # None: the peer's log splits no step (Axolotl)
         lines.append(
             f"{side['name'][:44]:44} {side['tokens_per_s']:>10,.0f} {mfu:>6} {_fmt_gib(side['peak_memory_gib']):>9} "
-            f"{side['step_s'] * 1e3:>9.1f} {split['data'] * 1e3:>8.1f} {split['forward_backward'] * 1e3:>10.1f} "
-            f"{split['optimizer'] * 1e3:>9.1f} {side['first_loss']:>7.3f} {side['padding']:>7.1%}"
+            f"{side['step_s'] * 1e3:>9.1f} {_fmt_ms(split.get('data')):>8} "
+            f"{_fmt_ms(split.get('forward_backward')):>10} "
+            f"{_fmt_ms(split.get('optimizer')):>9} {side['first_loss']:>7.3f} {side['padding']:>7.1%}"
         )
     lines.append("tokens/s counts the samples' tokens; padding is the share of the computed positions that are padding")
     if report.get("peer_setup"):
         lines.append(f"peer: {report['peer_setup']}")
+    lines.extend(f"Axolotl's YAML: {difference}" for difference in report.get("peer_differences", []))
     if report.get("fp8_peak_tflops"):
         lines.append(
             f"fp8: MFU {report['ktrain']['mfu_fp8_peak']:.1%} against the dense FP8 peak "
