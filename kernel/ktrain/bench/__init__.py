@@ -18,7 +18,8 @@ tokenized into the temporary run directory (or ``dataset_prepared_path``).
 
 With ``--pairs PROMPT:ANSWER`` (a preference config, ``rl``) the rows are random-token pairs, each a prompt
 and two answers in the sample layout of a preference format (``rows.PairRows``); ``--peer trl`` then times
-TRL's ``DPOTrainer`` on the same pairs first (``trl_peer``; trl is imported only then).
+TRL's ``DPOTrainer`` on the same pairs first (``trl_peer``; trl is imported only then). With ``--peer axolotl``
+Axolotl itself trains the same YAML first, in a subprocess, and its log gives its side (``axolotl_peer``).
 
 With ``--peer hf`` the plain Hugging Face step (``peer``) runs first, on the same rows, and is freed
 before the ktrain side is built: it runs first because plugins such as Liger patch the architecture's
