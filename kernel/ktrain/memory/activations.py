@@ -44,7 +44,8 @@ def block_bytes(
     """What one block saves per token, with weights of ``weight_bytes`` and compute in ``compute_bytes``;
     tensor-parallel ranks divide the heads, the MLP width, and (sequence parallel) the residual stream.
     ``kernels`` names fused ops that save less: ``rms_norm`` (keeps no normalized output), ``rope`` (no
-    rotated halves), ``swiglu`` (keeps gate and up, not SiLU(gate))."""
+    rotated halves), ``swiglu`` (keeps gate and up, not SiLU(gate)), and the projections whose input is
+    kept in float8, a byte an element: ``float8_gate_up`` (the MLP's input), ``float8_down`` (its product)."""
     h = shape.hidden
     q = shape.heads * shape.head_dim // tp
     kv = max(shape.kv_heads // tp, 1) * shape.head_dim
@@ -53,7 +54,9 @@ def block_bytes(
     norms = 0 if "rms_norm" in kernels else 2 * weight_bytes * h // tp
     rotary = 0 if "rope" in kernels else 2 * (q + kv)
     attention = compute_bytes * (h + (q + 2 * kv) + rotary + q)  # input cast, qkv, rotary, output
-    mlp = compute_bytes * (h + (2 if "swiglu" in kernels else 3) * i + i)  # input cast, gate, up, silu(gate), product
+    mlp_input = (1 if "float8_gate_up" in kernels else compute_bytes) * h
+    product = (1 if "float8_down" in kernels else compute_bytes) * i
+    mlp = mlp_input + compute_bytes * (2 if "swiglu" in kernels else 3) * i + product  # gate, up, silu(gate)
     full = residual + norms + attention + mlp
     return BlockBytes(
         full=full,

@@ -122,7 +122,7 @@ def predict(config: Any, mesh: MeshPlan, plugins: Any, shape: ModelShape | None 
     tokens = config.micro_batch_size * config.sequence_len // parallel.cp
     element = getattr(sharding, "weight_bytes", None) or next(w.element_bytes for w in weights if w.kind == "embedding")
     checkpointing = given.get("checkpointing", kernel_checkpointing(config))
-    kernels = frozenset(given.get("kernels", ())) | frozenset(given.get("compiled", ()))
+    kernels = frozenset().union(*(given.get(name, ()) for name in ("kernels", "compiled", "float8")))
     held = activations(shape, tokens, int(element), compute_bytes(config), checkpointing, parallel.tp, kernels)
     logits = logits_bytes(shape, tokens, given.get("loss"))
     return Prediction(

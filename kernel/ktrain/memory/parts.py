@@ -14,7 +14,10 @@ A plugin answers with a mapping; each name has one meaning and one owner in a ru
   activation checkpointing);
 - ``"kernels"``: names of fused ops that save less for backward: ``rms_norm``, ``rope``, ``swiglu``;
 - ``"compiled"``: the same names, for the ops a compiler fuses inside the blocks (it recomputes their
-  pointwise work in backward rather than saving it); joined with ``"kernels"``.
+  pointwise work in backward rather than saving it); joined with ``"kernels"``;
+- ``"float8"``: the projections whose input a block keeps in float8 for backward, a byte an element:
+  ``float8_gate_up`` (the MLP's input, when gate and up both multiply in float8), ``float8_down`` (the
+  MLP's product); joined with ``"kernels"``.
 
 Nothing here imports torch.
 """

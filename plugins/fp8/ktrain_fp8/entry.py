@@ -106,3 +106,11 @@ def ktrain_activate(config: Any, activate) -> None:
     if not config.fp8:
         return
     activate("ktrain_fp8.runtime:Fp8Training", keys=("fp8",))
+
+
+@hookimpl
+def ktrain_collect_memory(config: Any, model_shape: Any) -> dict[str, Any] | None:
+    """The float8 layers' part of one rank's memory model (``ktrain_fp8.memory``): inputs kept in float8."""
+    from ktrain_fp8.memory import collect_memory
+
+    return collect_memory(config, model_shape)

@@ -10,11 +10,14 @@ measured float8 slower than bf16 for the recipe (its ``_auto_filter_for_recipe``
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import attrs
-import torch
 
 from ktrain_fp8.keys import excluded
+
+if TYPE_CHECKING:
+    import torch
 
 
 def too_small(recipe: str, out_features: int, in_features: int) -> bool:
@@ -51,18 +54,29 @@ def conversion_plan(
     model: torch.nn.Module, recipe: str, exclude: Iterable[str], skip_small: bool = True
 ) -> ConversionPlan:
     """The plan for ``model``'s ``torch.nn.Linear`` layers (subclasses included, as torchao swaps them)."""
+    import torch
+
     exclude = tuple(exclude)
     converted, kept = [], {}
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear):
             continue
-        n, k = module.weight.shape
-        if excluded(name, exclude):
-            kept[name] = "excluded by name"
-        elif n % 16 or k % 16:
-            kept[name] = "not multiples of 16"
-        elif skip_small and too_small(recipe, n, k):
-            kept[name] = "too small to gain"
+        reason = kept_because(name, *module.weight.shape, recipe, exclude, skip_small)
+        if reason:
+            kept[name] = reason
         else:
             converted.append(name)
     return ConversionPlan(recipe, tuple(converted), kept)
+
+
+def kept_because(
+    name: str, out_features: int, in_features: int, recipe: str, exclude: Iterable[str], skip_small: bool = True
+) -> str | None:
+    """Why the linear layer ``name`` of ``out_features x in_features`` stays in bf16, or None: it is converted."""
+    if excluded(name, tuple(exclude)):
+        return "excluded by name"
+    if out_features % 16 or in_features % 16:
+        return "not multiples of 16"
+    if skip_small and too_small(recipe, out_features, in_features):
+        return "too small to gain"
+    return None
