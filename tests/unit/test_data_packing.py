@@ -67,31 +67,56 @@ def _loss_and_grads(model: Any, batch: dict[str, Any], grads: bool) -> tuple[flo
     return float(loss), [p.grad.clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager", "flex_attention"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_packed_row_loss_equals_its_samples_one_by_one(attention: str, tiny: Path) -> None:
     """fp32, relative tolerance 1e-5 on the loss and 1e-4 on the gradients (only summation orders differ).
 
-    The samples run one by one through SDPA, with the same weights. FlexAttention has no backward on CPU
-    in PyTorch, and compiles for every new shape, so its packed row is checked once, on the loss alone.
-    """
-    grads = attention != "flex_attention"
+    The samples run one by one through SDPA, with the same weights."""
     model = _model(tiny, attention)
     reference = _model(tiny, "sdpa")
     samples = _samples(tiny)
     rows = [samples[:3], samples[3:]]  # two packed rows in one micro-batch, padded to LENGTH
-    with torch.set_grad_enabled(grads):
-        alone = [_loss_and_grads(reference, collate([[e]], pad_id=0), grads) for e in samples]
-        packed_loss, packed_grads = _loss_and_grads(model, collate(rows, 0, LENGTH, attention), grads)
+    alone = [_loss_and_grads(reference, collate([[e]], pad_id=0), True) for e in samples]
+    packed_loss, packed_grads = _loss_and_grads(model, collate(rows, 0, LENGTH, attention), True)
     assert packed_loss == pytest.approx(sum(loss for loss, _ in alone), rel=1e-5)
     assert sum(row_trained(r) for r in rows) == sum(e.trained_tokens for e in samples)
     for n, grad in enumerate(packed_grads):
         assert torch.allclose(grad, sum(g[n] for _, g in alone), rtol=1e-4, atol=1e-6), n
-    if grads:  # without isolation the same row gives another loss: the test can fail
-        leaky = collate(rows, 0, LENGTH, attention)
-        leaky.pop("attention_mask")
-        leaky["position_ids"] = torch.arange(LENGTH).expand(2, -1)
-        with torch.no_grad():
-            assert _loss_and_grads(model, leaky, False)[0] != pytest.approx(packed_loss, rel=1e-3)
+    leaky = collate(rows, 0, LENGTH, attention)  # without isolation the same row gives another loss
+    leaky.pop("attention_mask")
+    leaky["position_ids"] = torch.arange(LENGTH).expand(2, -1)
+    with torch.no_grad():
+        assert _loss_and_grads(model, leaky, False)[0] != pytest.approx(packed_loss, rel=1e-3)
+
+
+def test_flex_attention_block_mask_allows_what_the_sdpa_mask_allows(tiny: Path) -> None:
+    """FlexAttention's document ``BlockMask``, evaluated at every (query, key), is SDPA's boolean mask (the
+    FlexAttention kernel itself runs on a GPU: the test below)."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    samples = _samples(tiny)
+    rows = [samples[:3], samples[3:]]
+    block_mask = collate(rows, 0, LENGTH, "flex_attention")["attention_mask"]
+    dense = create_mask(block_mask.mask_mod, len(rows), 1, LENGTH, LENGTH, device="cpu")
+    assert torch.equal(dense, collate(rows, 0, LENGTH, "sdpa")["attention_mask"])
+
+
+@pytest.mark.gpu
+def test_flex_attention_packed_row_matches_samples_one_by_one(tiny: Path) -> None:
+    """On a GPU: a packed row through FlexAttention (fp32) gives its samples' summed loss, relative 1e-4."""
+    model = _model(tiny, "flex_attention").cuda()
+    reference = _model(tiny, "sdpa").cuda()
+    samples = _samples(tiny)
+    rows = [samples[:3], samples[3:]]
+
+    def on_gpu(batch: dict[str, Any]) -> dict[str, Any]:
+        return {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    with torch.no_grad():
+        alone = [_loss_and_grads(reference, on_gpu(collate([[e]], pad_id=0)), False)[0] for e in samples]
+        batch = on_gpu(collate(rows, 0, LENGTH, "flex_attention", mask_device=torch.device("cuda")))
+        packed = _loss_and_grads(model, batch, False)[0]
+    assert packed == pytest.approx(sum(alone), rel=1e-4)
 
 
 def test_packed_batch_layout(tiny: Path) -> None:
