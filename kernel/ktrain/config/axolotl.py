@@ -30,6 +30,9 @@ FOREIGN_TYPES = {
     "bradley_terry": next(reason for reason, names in UNSUPPORTED.items() if "reward_model" in names),
 }
 SAME_ATTENTION = {"xformers": "sdpa", "kernels-community/vllm-flash-attn3": "flash_attention_2"}
+# With processor_type, Axolotl reads type: chat_template rows with its multimodal strategy: in ktrain the format
+# ktrain-plugin-vision registers for chat rows with images.
+PROCESSOR_FORMAT = "chat_template.vision"
 
 _CLASS = {name: ("accepted", reason) for reason, names in ACCEPTED.items() for name in names}
 _CLASS |= {name: ("unsupported", reason) for reason, names in UNSUPPORTED.items() for name in names}
@@ -80,6 +83,7 @@ def sift(data: dict[Any, Any], sections: dict[str, type], report: Report, instal
     _checkpointing_once(kept, report)
     _older_spellings(kept, report)
     _foreign_dataset_types(kept, report)
+    _processor_datasets(kept)
     written = kept.get("attn_implementation")
     if isinstance(written, str) and written in SAME_ATTENTION:
         kept["attn_implementation"] = SAME_ATTENTION[written]
@@ -276,6 +280,17 @@ def _foreign_dataset_types(kept: dict[Any, Any], report: Report) -> None:
             if isinstance(written, str) and reason is not None:
                 report.error(f"{key}[{i}].type", f"{written!r} is not supported: {reason}")
                 item["type"] = None
+
+
+def _processor_datasets(kept: dict[Any, Any]) -> None:
+    """``type: chat_template`` datasets read as ``PROCESSOR_FORMAT`` when ``processor_type`` is written."""
+    if kept.get("processor_type") is None:
+        return
+    for key in ("datasets", "test_datasets"):
+        items = kept.get(key)
+        for item in items if isinstance(items, list) else []:
+            if isinstance(item, dict) and item.get("type") == "chat_template":
+                item["type"] = PROCESSOR_FORMAT
 
 
 def _checkpointing_once(kept: dict[Any, Any], report: Report) -> None:

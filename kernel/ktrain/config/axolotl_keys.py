@@ -801,11 +801,9 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "dpo_loss_weights",
         "rpo_alpha",
     ),
-    "vision and multimodal models are not supported by ktrain yet": (
-        "processor_type",
+    "this vision setting is not supported by ktrain-plugin-vision (processor_type, image_size, "
+    "image_resize_algorithm are)": (
         "processor_kwargs",
-        "image_size",
-        "image_resize_algorithm",
         "freeze_mm_modules",
         "role_boundaries",
     ),
