@@ -21,7 +21,7 @@ import attrs
 from ktrain.config.mesh import MeshPlan
 from ktrain.memory.activations import Activations, activations, block_bytes, logits_bytes
 from ktrain.memory.defaults import DataParallel, kernel_optimizer
-from ktrain.memory.parts import Checkpointing, ModelStates, OptimizerModel, ParallelModel, Weight
+from ktrain.memory.parts import Checkpointing, ModelStates, OptimizerModel, PairsModel, ParallelModel, Weight
 from ktrain.memory.shape import ModelShape, read_shape
 
 ALLOCATOR_OVERHEAD = 0.05
@@ -108,7 +108,7 @@ def predict(config: Any, mesh: MeshPlan, plugins: Any, shape: ModelShape | None 
             if not act.default and set(act.roles) - SKIPPED_ROLES and act.plugin.name not in answered
         }
     )
-    weights = base_weights(shape, config)
+    loaded = weights = base_weights(shape, config)
     if "weights" in given:
         weights = given["weights"](weights)
     parallel: ParallelModel = given.get("parallel") or ParallelModel()
@@ -119,12 +119,17 @@ def predict(config: Any, mesh: MeshPlan, plugins: Any, shape: ModelShape | None 
         optimizer = OptimizerModel(config.optimizer)
     sharding = given.get("sharding") or DataParallel(mesh.gradient_ranks)
     states = sharding.states(weights, optimizer, rank)
-    tokens = config.micro_batch_size * config.sequence_len // parallel.cp
+    pairs: PairsModel | None = given.get("pairs")
+    if pairs and pairs.reference_copy:  # a frozen copy of the model as loaded, whole on every rank
+        states = attrs.evolve(states, parameters=states.parameters + sum(w.bytes for w in parallel.split(loaded)))
+    tokens = config.micro_batch_size * config.sequence_len * (pairs.rows if pairs else 1) // parallel.cp
     element = getattr(sharding, "weight_bytes", None) or next(w.element_bytes for w in weights if w.kind == "embedding")
     checkpointing = given.get("checkpointing", kernel_checkpointing(config))
     kernels = frozenset().union(*(given.get(name, ()) for name in ("kernels", "compiled", "float8")))
     held = activations(shape, tokens, int(element), compute_bytes(config), checkpointing, parallel.tp, kernels)
     logits = logits_bytes(shape, tokens, given.get("loss"))
+    if pairs:  # log-probabilities a chunk of logits at a time
+        logits = min(pairs.loss_bytes, logits)
     return Prediction(
         states=states,
         activations=held,

@@ -17,7 +17,8 @@ A plugin answers with a mapping; each name has one meaning and one owner in a ru
   pointwise work in backward rather than saving it); joined with ``"kernels"``;
 - ``"float8"``: the projections whose input a block keeps in float8 for backward, a byte an element:
   ``float8_gate_up`` (the MLP's input, when gate and up both multiply in float8), ``float8_down`` (the
-  MLP's product); joined with ``"kernels"``.
+  MLP's product); joined with ``"kernels"``;
+- ``"pairs"``: a ``PairsModel``, a preference run's forward (rows a sample, the reference copy, the loss's chunk).
 
 Nothing here imports torch.
 """
@@ -150,6 +151,17 @@ class ParallelModel:
                 w = attrs.evolve(w, shape=shape, extra_bytes=w.extra_bytes // self.tp)
             out.append(w)
         return out
+
+
+@attrs.frozen
+class PairsModel:
+    """``"pairs"``: a preference run forwards ``rows`` sequences a sample (chosen and rejected at once), holds a
+    frozen copy of the model as loaded when ``reference_copy``, and its loss holds ``loss_bytes`` at its backward
+    in place of the whole micro-batch's logits (log-probabilities computed a chunk of logits at a time)."""
+
+    rows: int = 2
+    reference_copy: bool = False
+    loss_bytes: int = 0
 
 
 @attrs.frozen

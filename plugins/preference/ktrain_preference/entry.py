@@ -42,3 +42,11 @@ def ktrain_activate(config: Any, activate) -> None:
         return
     keys = tuple(field.name for field in attrs.fields(PreferenceKeys) if config.is_set(field.name))
     activate("ktrain_preference.runtime:Preference", roles=("objective",), keys=keys)
+
+
+@hookimpl
+def ktrain_collect_memory(config: Any) -> dict[str, Any] | None:
+    """The preference run's part of one rank's memory model (``ktrain_preference.memory``)."""
+    from ktrain_preference.memory import collect_memory
+
+    return collect_memory(config)

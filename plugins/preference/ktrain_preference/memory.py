@@ -1,0 +1,30 @@
+"""A preference run's part of one rank's memory model: the plugin's answer to ``ktrain_collect_memory``.
+
+No torch here. A pair's chosen and rejected sequences share one forward, so the blocks hold the activations
+of twice the micro-batch's rows (KTO's unpaired samples: once). DPO and IPO against a live reference without
+an adapter keep a frozen copy of the model as loaded, whole on every rank; with an adapter the reference is
+the base with the adapter off (no copy), and ORPO, SimPO and precomputed reference log-probabilities need
+none. The answers' log-probabilities are computed a chunk of logits at a time (``ktrain_preference.logps``):
+the loss's backward holds one chunk's fp32 logits, their log-softmax and their gradient, not the whole
+micro-batch's logits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ktrain.memory.parts import PairsModel
+from ktrain_preference.keys import REFERENCE_FREE
+
+CHUNK_ELEMENTS = 2**28
+"""Logits of one chunk (``ktrain_preference.logps.CHUNK_ELEMENTS``, not imported: that module imports torch)."""
+CHUNK_BYTES = 12 * CHUNK_ELEMENTS
+"""A chunk at the loss's backward: fp32 logits, their log-softmax and their gradient."""
+
+
+def collect_memory(config: Any) -> dict[str, Any] | None:
+    """The ``"pairs"`` model when ``rl`` chooses a preference method."""
+    if not config.rl:
+        return None
+    copy = config.rl not in REFERENCE_FREE and not config.precompute_ref_log_probs and not config.adapter
+    return {"pairs": PairsModel(rows=1 if config.rl == "kto" else 2, reference_copy=copy, loss_bytes=CHUNK_BYTES)}
