@@ -1,0 +1,1 @@
+"""ktrain-plugin-vision: vision-language fine-tuning on chat rows that hold images."""
