@@ -12,7 +12,9 @@
 #   offline, only those the device lacks)
 # WHEELS (the folder of wheels), CONFIGS (names under configs/bench/), PAIRS (PROMPT:ANSWER), PEER (the peer
 # arguments, default --peer trl; empty: ktrain alone), BENCH_ARGS,
-# BENCH_TIMEOUT (s) and PROFILE (a config name: profile its ktrain side, no peer) choose what runs.
+# BENCH_TIMEOUT (s; each config's, cut to what is left of DEADLINE, the seconds from the start for all of them),
+# PROFILE (a config name: profile its ktrain side, no peer) and PROFILE_EACH (non-empty: each config's run also
+# profiles three steps after its timed ones, to $OUT/b/profile_CONFIG.txt) choose what runs.
 set -u
 W=${WHEELS:-.device/dpo_whl}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -30,10 +32,13 @@ mkdir -p "$OUT/b"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python -c "import torch, transformers, peft, accelerate, datasets, trl; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'peft', peft.__version__, 'accelerate', accelerate.__version__, 'datasets', datasets.__version__, 'trl', trl.__version__)" 2>&1 | tail -1
 for c in ${CONFIGS:-llama_1p5b_dpo llama_1p5b_dpo_lora}; do
-  timeout ${BENCH_TIMEOUT:-230} ktrain bench "configs/bench/$c.yaml" --pairs ${PAIRS:-512:512} ${PEER---peer trl} ${BENCH_ARGS:-} \
-    --json "$OUT/b/$c.json" > "$OUT/b/$c.txt" 2>&1
+  limit=$(( ${DEADLINE:-100000} - SECONDS )); [ "$limit" -gt "${BENCH_TIMEOUT:-230}" ] && limit=${BENCH_TIMEOUT:-230}
+  [ "$limit" -gt 10 ] || { echo "$c: no time left"; continue; }
+  timeout "$limit" ktrain bench "configs/bench/$c.yaml" --pairs ${PAIRS:-512:512} ${PEER---peer trl} ${BENCH_ARGS:-} \
+    ${PROFILE_EACH:+--profile "$OUT/b/profile_$c.txt"} --json "$OUT/b/$c.json" > "$OUT/b/$c.txt" 2>&1
   rc=$?; echo "$(date +%T) $c rc=$rc"; tr '\r' '\n' < "$OUT/b/$c.txt" | grep -E "^(ktrain|peer|device while|rows)" | cut -c1-300
   [ $rc -eq 0 ] || tail -4 "$OUT/b/$c.txt" | cut -c1-400
+  [ -z "${PROFILE_EACH:-}" ] || head -22 "$OUT/b/profile_$c.txt" 2>/dev/null | cut -c1-200
 done
 if [ -n "${PROFILE:-}" ]; then  # where the ktrain side's time goes: the top kernels of 3 profiled steps of $PROFILE
   timeout ${BENCH_TIMEOUT:-230} ktrain bench "configs/bench/$PROFILE.yaml" --pairs ${PAIRS:-512:512} --warmup 3 --steps 3 \
