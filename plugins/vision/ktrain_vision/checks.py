@@ -39,6 +39,9 @@ def validate(config: Any, report: Any) -> None:
         report.error("image_size", "must be above 0")
     if config.image_resize_algorithm is not None and config.image_resize_algorithm not in RESIZE_ALGORITHMS:
         report.error("image_resize_algorithm", f"must be one of {', '.join(RESIZE_ALGORITHMS)}")
+    for name in ("chat_template", "chat_template_jinja"):
+        if config.is_set(name):
+            report.warn(name, "not read with processor_type: the processor's chat template renders rows with images")
     if config.sample_packing:
         report.error("sample_packing", "packing rows with images is not supported; set sample_packing: false")
     for name, what in UNTESTED:

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoConfig, AutoModelForImageTextToText
 
 from ktrain.cli import main
 from ktrain.config.plan import prepare
@@ -75,6 +77,10 @@ def test_rows_of_both_forms_collate_with_their_images(root: Path) -> None:
     assert tuple(batch["pixel_values"].shape) == (2, 3, 28, 28)
     image_token = objective.processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
     assert (batch["input_ids"] == image_token).sum(-1).tolist() == [16, 16]
+    model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(root / "model"))
+    seen = objective.loss(model, batch, 1.0)
+    blank = objective.loss(model, {**batch, "pixel_values": torch.zeros_like(batch["pixel_values"])}, 1.0)
+    assert not torch.allclose(seen, blank)  # the images reach the model
     answers = [[i for i, label in zip(s["input_ids"], s["labels"], strict=True) if label != IGNORE] for s in samples]
     assert objective.processor.tokenizer.decode(answers[0]).startswith("red")
     assert objective.processor.tokenizer.decode(answers[1]).startswith("It is red.")
