@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ktrain import hookimpl
-from ktrain_qat.keys import NVFP4, SUPPORTED, QatKeys
+from ktrain_qat.keys import SUPPORTED, QatKeys
 
 
 @hookimpl
@@ -33,7 +33,7 @@ def ktrain_validate_config(config: Any, report: Any) -> None:
         report.error(
             "qat.weight_dtype",
             f"{qat.weight_dtype} weights with activation_dtype {qat.activation_dtype or 'none'} are not supported by "
-            f"ktrain-plugin-qat{' (' + NVFP4 + ')' if 'nvfp4' in pair else ''}; these are: {_pairs()}",
+            f"ktrain-plugin-qat; these are: {_pairs()}",
         )
     elif SUPPORTED[pair] is not None and qat.group_size not in (None, SUPPORTED[pair]):
         size = SUPPORTED[pair]
@@ -42,10 +42,12 @@ def ktrain_validate_config(config: Any, report: Any) -> None:
         report.error("qat.group_size", f"must be at least 1, not {qat.group_size}")
     if qat.fake_quant_after_n_steps is not None and qat.fake_quant_after_n_steps < 0:
         report.error("qat.fake_quant_after_n_steps", f"must be at least 0, not {qat.fake_quant_after_n_steps}")
-    if qat.weight_dtype == "mxfp4":
-        for name in ("fake_quant_after_n_steps", "quantize_embedding"):
-            if getattr(qat, name):
-                report.error(f"qat.{name}", "is supported with int4 weights only (torchao's mxfp4 layers always round)")
+    if qat.weight_dtype == "mxfp4" and qat.fake_quant_after_n_steps:
+        report.error(
+            "qat.fake_quant_after_n_steps", "is not supported with mxfp4 weights (torchao's mxfp4 layers always round)"
+        )
+    if qat.weight_dtype != "int4" and qat.quantize_embedding:
+        report.error("qat.quantize_embedding", "is supported with int4 weights only")
     for name in ("adapter", "load_in_4bit", "load_in_8bit", "fp8"):
         if getattr(config, name, None):
             report.error(

@@ -8,7 +8,10 @@ little when quantized afterwards. Both classes keep the parameters of the module
 dict, checkpoints and the exported model have the plain model's names and full-precision weights; quantize
 the export with torchao (``quantize_`` with the matching config) to serve it.
 
-``fake_quant_after_n_steps`` (int4 weights; torchao's mxfp4 layers always round): the rounding is off for
+nvfp4 weights (and inputs) are rounded by ``ktrain_qat.nvfp4``'s layers, which multiply in the model's own
+precision on any device (torchao's NVFP4 layers need a Blackwell GPU's FP4 matmul).
+
+``fake_quant_after_n_steps`` (int4 and nvfp4 weights; torchao's mxfp4 layers always round): the rounding is off for
 that many optimizer steps, then on; a resumed run sets it from the step it resumes at.
 """
 
@@ -24,6 +27,7 @@ from torchao.quantization.qat.fake_quantize_config import Int4WeightFakeQuantize
 from torchao.quantization.qat.linear import FakeQuantizedLinear
 
 from ktrain import hookimpl
+from ktrain_qat.nvfp4 import NVFP4Linear, swap_linears
 
 
 def _fake_quantize_configs(qat: Any) -> tuple[Any, Any]:
@@ -42,10 +46,10 @@ def _fake_quantize_configs(qat: Any) -> tuple[Any, Any]:
 
 
 def fake_quantized(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's fake-quantized linear and embedding layers (torchao's int and mx classes)."""
+    """The model's fake-quantized linear and embedding layers (torchao's int and mx classes, nvfp4's)."""
     from torchao.prototype.qat import MXFakeQuantizedLinear
 
-    kinds = (FakeQuantizedLinear, FakeQuantizedEmbedding, MXFakeQuantizedLinear)
+    kinds = (FakeQuantizedLinear, FakeQuantizedEmbedding, MXFakeQuantizedLinear, NVFP4Linear)
     return [m for m in model.modules() if isinstance(m, kinds)]
 
 
@@ -69,6 +73,16 @@ class FakeQuantizer:
     @hookimpl
     def ktrain_wrap_model(self, model: torch.nn.Module, run: Any) -> None:
         """Fake-quantize the linear layers (and the embeddings with ``quantize_embedding``) in place."""
+        if self.qat.weight_dtype == "nvfp4":
+            swap_linears(model, activations=self.qat.activation_dtype == "nvfp4")
+        else:
+            self._torchao_prepare(model)
+        self.modules = fake_quantized(model)
+        if run.is_main:
+            print(f"qat: {len(self.modules)} layers fake-quantized ({self._types()})", flush=True)
+
+    def _torchao_prepare(self, model: torch.nn.Module) -> None:
+        """torchao's fake-quantized layers in place of the linear layers (and embeddings), as Axolotl's."""
         weight, activation = _fake_quantize_configs(self.qat)
         quantize_(model, QATConfig(weight_config=weight, activation_config=activation, step="prepare"))
         if self.qat.quantize_embedding:
@@ -77,9 +91,6 @@ class FakeQuantizer:
                 QATConfig(weight_config=weight, step="prepare"),
                 filter_fn=lambda module, _: isinstance(module, torch.nn.Embedding),
             )
-        self.modules = fake_quantized(model)
-        if run.is_main:
-            print(f"qat: {len(self.modules)} layers fake-quantized ({self._types()})", flush=True)
 
     def _types(self) -> str:
         return f"weights {self.qat.weight_dtype}, inputs {self.qat.activation_dtype or 'full precision'}"
