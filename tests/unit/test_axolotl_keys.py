@@ -112,7 +112,7 @@ def test_unsupported_keys_are_refused_with_what_ktrain_offers(tmp_path, tiny_mod
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.splitlines()
     expected = {
-        "freeze_mm_modules: not supported: this vision setting": "ktrain-plugin-vision",
+        "processor_kwargs: not supported: this vision setting": "ktrain-plugin-vision",
         "lisa_n_layers: not supported": "unfrozen_parameters",
         "curriculum_sampling: not supported": "sample_packing",
         "plugins[0]: axolotl.integrations.swanlab.SwanLabPlugin": "no ktrain equivalent",

@@ -802,9 +802,8 @@ UNSUPPORTED: dict[str, tuple[str, ...]] = {
         "rpo_alpha",
     ),
     "this vision setting is not supported by ktrain-plugin-vision (processor_type, image_size, "
-    "image_resize_algorithm are)": (
+    "image_resize_algorithm, freeze_mm_modules are)": (
         "processor_kwargs",
-        "freeze_mm_modules",
         "role_boundaries",
     ),
     "choosing the layers to train by Spectrum or LISA is not supported; unfrozen_parameters names them": (

@@ -29,9 +29,9 @@ def validate(config: Any, report: Any) -> None:
         for i, entry in enumerate(config.datasets or []):
             if entry.type == VISION_FORMAT:
                 report.error(f"datasets[{i}].type", f"{VISION_FORMAT} holds rows with images: set processor_type")
-        for name in ("image_size", "image_resize_algorithm"):
-            if config.is_set(name):
-                report.error(name, "sizes images for processor_type, which is not written; leave it out")
+        for name in ("image_size", "image_resize_algorithm", "freeze_mm_modules"):
+            if config.is_set(name) and getattr(config, name):
+                report.error(name, "applies with processor_type (vision-language models), which is not written")
         return
     if not config.processor_type.endswith("Processor"):
         report.error("processor_type", f"'{config.processor_type}' is not a transformers processor class")

@@ -11,6 +11,18 @@ from ktrain.config.keys import key
 VISION_FORMAT = "chat_template.vision"
 DEFAULT_MODEL_CLASS = "AutoModelForImageTextToText"
 RESIZE_ALGORITHMS = ("bilinear", "bicubic", "lanczos", "nearest")
+# Parts of a parameter's name that place it in a vision or audio encoder or the projector (Axolotl's list).
+MULTIMODAL_MODULES = (
+    "vision_tower",
+    "vision_model",
+    "vision_encoder",
+    "embed_vision",
+    "multi_modal_projector",
+    "visual",
+    "audio_tower",
+    "audio_model",
+    "embed_audio",
+)
 
 
 @attrs.define(kw_only=True)
@@ -28,4 +40,9 @@ class VisionKeys:
     )
     image_resize_algorithm: str | None = key(
         None, f"how image_size resizes: {', '.join(RESIZE_ALGORITHMS)} (default bilinear)"
+    )
+    freeze_mm_modules: bool = key(
+        False,
+        "freeze the vision and audio encoders and the multimodal projector (parameters named "
+        f"{', '.join(MULTIMODAL_MODULES)}): only the language model trains",
     )

@@ -11,7 +11,18 @@ from typing import Any
 
 from ktrain import hookimpl
 from ktrain.builtin.hf_model import build_model, finish_model
-from ktrain_vision.keys import DEFAULT_MODEL_CLASS
+from ktrain_vision.keys import DEFAULT_MODEL_CLASS, MULTIMODAL_MODULES
+
+
+def freeze_multimodal(model: Any) -> int:
+    """Stop the gradients of the parameters in the vision and audio encoders and the projector
+    (``MULTIMODAL_MODULES``); return how many tensors were trainable before."""
+    frozen = 0
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad and any(part in MULTIMODAL_MODULES for part in name.split(".")):
+            parameter.requires_grad = False
+            frozen += 1
+    return frozen
 
 
 class _ModelClass:
@@ -44,6 +55,15 @@ class Vision:
     @hookimpl
     def ktrain_load_model(self, run: Any, model_kwargs: dict[str, Any]) -> Any:
         return finish_model(build_model(_ModelClass(self.config), run, model_kwargs), self.config, run)
+
+    @hookimpl(trylast=True)
+    def ktrain_wrap_model(self, model: Any, run: Any) -> None:
+        """``freeze_mm_modules``: the encoders and the projector frozen, after any adapter is added (as Axolotl)."""
+        if not self.config.freeze_mm_modules:
+            return
+        frozen = freeze_multimodal(model)
+        if run.is_main:
+            print(f"vision: freeze_mm_modules froze {frozen} parameter tensors", flush=True)
 
     @hookimpl
     def ktrain_build_objective(self, run: Any, engine: Any) -> Any:

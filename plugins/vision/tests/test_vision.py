@@ -16,6 +16,7 @@ from ktrain.data.examples import Example
 from ktrain.data.formats import IGNORE
 from ktrain.testing import ktrain, read_metrics
 from ktrain_vision.objective import VisionObjective
+from ktrain_vision.runtime import freeze_multimodal
 from ktrain_vision.samples import render
 from ktrain_vision.tiny import IMAGE_TOKEN, write_vision_model_dir
 
@@ -81,6 +82,11 @@ def test_rows_of_both_forms_collate_with_their_images(root: Path) -> None:
     seen = objective.loss(model, batch, 1.0)
     blank = objective.loss(model, {**batch, "pixel_values": torch.zeros_like(batch["pixel_values"])}, 1.0)
     assert not torch.allclose(seen, blank)  # the images reach the model
+    assert freeze_multimodal(model) > 0
+    trainable = {name.split(".")[-2] for name, p in model.named_parameters() if p.requires_grad}
+    frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
+    assert all(name.startswith(("model.vision_tower.", "model.multi_modal_projector.")) for name in frozen)
+    assert {"q_proj", "gate_proj"} <= trainable, trainable
     answers = [[i for i, label in zip(s["input_ids"], s["labels"], strict=True) if label != IGNORE] for s in samples]
     assert objective.processor.tokenizer.decode(answers[0]).startswith("red")
     assert objective.processor.tokenizer.decode(answers[1]).startswith("It is red.")
