@@ -7,7 +7,8 @@ Every ``*.yaml``/``*.yml`` under the folder whose top level is a mapping with ``
 ``examples``, where Axolotl's configs expect to run, so that ``deepspeed: deepspeed_configs/...`` resolves).
 Without ``--base-model`` the model is a tiny local Llama folder with ``--set random_init_weights=true``;
 a config whose ``fsdp_config`` names the block classes to wrap gets a stand-in of the architecture that
-defines them (the ``model_type`` of the transformers module with those classes), as its own base model has.
+defines them (the ``model_type`` of the transformers module with those classes), as its own base model has;
+a config with ``processor_type`` gets a tiny vision-language model (LLaVA, ``ktrain_vision.tiny``).
 A dataset whose path is local but not there is swapped for a local chat jsonl (``--set
 datasets.N.path=...``). Prints the share that passes, the most frequent refusals (``datasets[3]`` counted as
 ``datasets[i]``), and every file that raised something other than a config error (a traceback); ``--causes``
@@ -75,12 +76,27 @@ def architecture_of(classes: list[str]) -> str | None:
 def stand_in(data: dict, scratch: Path, default: str) -> str:
     """The stand-in model folder for a config: the tiny Llama, or one whose ``model_type`` has the block
     classes its ``fsdp_config`` wraps (made once per architecture)."""
+    if data.get("processor_type"):
+        return vision_stand_in(scratch, default)
     model_type = architecture_of(layer_classes(data))
     if model_type is None or model_type == "llama":
         return default
     folder = scratch / f"model-{model_type}"
     if not folder.exists():
         write_model_dir(folder, model_type=model_type)
+    return str(folder)
+
+
+def vision_stand_in(scratch: Path, default: str) -> str:
+    """A tiny LLaVA folder (``ktrain_vision.tiny``) for a config with ``processor_type``; the tiny Llama where
+    ktrain-plugin-vision is not installed (its check then names the plugin)."""
+    try:
+        from ktrain_vision.tiny import write_vision_model_dir
+    except ImportError:
+        return default
+    folder = scratch / "model-vision"
+    if not folder.exists():
+        write_vision_model_dir(folder)
     return str(folder)
 
 
