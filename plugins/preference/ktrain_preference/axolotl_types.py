@@ -10,6 +10,11 @@ The types and their fields: ``argilla`` (and Llama 3's ``default``): the prompt 
 ``rejected`` or ``rejected_response``; ``intel``: ``question``; ``icr``: ``input``; ``prompt_pairs``:
 ``prompt``; ``ultra``: ``prompt``, each answer the second turn of ``chosen`` and ``rejected``;
 ``argilla_chat``: the prompt the first turn of ``chosen``, the answers their second turns (no system).
+
+Under ``rl: kto`` the same names (and Llama 3's ``argilla``) are Axolotl's KTO strategies: a row's prompt
+and one ``completion``, with TRL's ``label``: ``argilla``: the prompt in ``instruction``; ``intel``:
+``question``; ``prompt_pairs`` and ``ultra``: ``prompt``; ``argilla_chat``: the prompt and the answer the
+first and second turns of ``completion`` (no system). ``icr`` and Llama 3's ``default`` have no KTO form.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ktrain_preference.pairs import pair_sample, render_text
+from ktrain_preference.unpaired import desirable, unpaired_sample
 
 # family -> (a turn of a role, opened; the end of a turn)
 FAMILIES = {
@@ -25,6 +31,7 @@ FAMILIES = {
     "llama3": ("<|start_header_id|>{role}<|end_header_id|>\n\n", "<|eot_id|>"),
 }
 STRATEGIES = ("argilla", "argilla_chat", "icr", "intel", "prompt_pairs", "ultra")
+KTO_STRATEGIES = ("argilla", "argilla_chat", "intel", "prompt_pairs", "ultra")
 
 
 def _first(row: dict, names: tuple[str, ...]) -> str:
@@ -66,22 +73,58 @@ def _fields(strategy: str, row: dict) -> tuple[Any, str, str, str]:
     return row.get("system"), row[prompt], row[chosen], row[rejected]
 
 
-def texts(family: str, strategy: str, row: dict) -> tuple[str, str, str]:
-    """The prompt, chosen and rejected text of ``row`` as Axolotl's ``family.strategy`` writes them."""
-    opened, end = FAMILIES[family]
-    system, prompt, chosen, rejected = _fields(strategy, row)
-    if not all(isinstance(v, str) for v in (prompt, chosen, rejected)):
+def _kto_fields(strategy: str, row: dict) -> tuple[Any, str, str]:
+    """(system or None, prompt, completion) of a KTO ``row`` under ``strategy``."""
+    if strategy == "argilla_chat":
+        turns = row.get("completion")
+        if turns is None:
+            raise KeyError("completion")
+        if not isinstance(turns, list) or len(turns) < 2 or not all(isinstance(t, dict) for t in turns[:2]):
+            raise ValueError("completion is not a list of turns whose first two have a content")
+        if "content" not in turns[0] or "content" not in turns[1]:
+            raise ValueError("completion is not a list of turns whose first two have a content")
+        return None, turns[0]["content"], turns[1]["content"]
+    prompt = {"argilla": "instruction", "intel": "question", "prompt_pairs": "prompt", "ultra": "prompt"}[strategy]
+    for name in (prompt, "completion"):
+        if row.get(name) is None:
+            raise KeyError(name)
+    return row.get("system"), row[prompt], row["completion"]
+
+
+def _written(family: str, system: Any, prompt: Any, answers: tuple[Any, ...]) -> tuple[str, ...]:
+    """The prompt's turns (the optional system turn, the user turn, the opened assistant turn) and each answer
+    closed by the family's end of turn."""
+    if not all(isinstance(v, str) for v in (prompt, *answers)):
         raise TypeError("the prompt and the answers must be text")
+    opened, end = FAMILIES[family]
     head = f"{opened.format(role='system')}{system}{end}" if system else ""
     head += f"{opened.format(role='user')}{prompt}{end}{opened.format(role='assistant')}"
     close = end.rstrip("\n")
-    return head, chosen + close, rejected + close
+    return (head, *(answer + close for answer in answers))
+
+
+def texts(family: str, strategy: str, row: dict) -> tuple[str, ...]:
+    """The prompt, chosen and rejected text of ``row`` as Axolotl's ``family.strategy`` writes them."""
+    system, prompt, chosen, rejected = _fields(strategy, row)
+    return _written(family, system, prompt, (chosen, rejected))
+
+
+def kto_texts(family: str, strategy: str, row: dict) -> tuple[str, ...]:
+    """The prompt and completion text of a KTO ``row`` as Axolotl's KTO ``family.strategy`` writes them."""
+    system, prompt, completion = _kto_fields(strategy, row)
+    return _written(family, system, prompt, (completion,))
 
 
 def axolotl_format(family: str, strategy: str) -> Callable[[dict, Any, Any, Any], dict]:
-    """The tokenizer of the dataset type ``family.strategy``: a pair as one sample, as ``pairs.tokenize_pair``."""
+    """The tokenizer of the dataset type ``family.strategy``: a pair as one sample, as ``pairs.tokenize_pair``;
+    under ``rl: kto`` a row's prompt and completion as one sample, as ``unpaired.tokenize_unpaired``."""
 
     def tokenize(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict:
+        if config.rl == "kto":
+            good = desirable(row)
+            prompt, completion = kto_texts(family, strategy, row)
+            ids, (with_answer,) = render_text(prompt, (completion,), tokenizer)
+            return unpaired_sample(ids, with_answer, good, config.sequence_len)
         prompt, chosen, rejected = texts(family, strategy, row)
         ids, (with_chosen, with_rejected) = render_text(prompt, (chosen, rejected), tokenizer)
         return pair_sample(ids, with_chosen, with_rejected, config.sequence_len)
@@ -91,8 +134,13 @@ def axolotl_format(family: str, strategy: str) -> Callable[[dict, Any, Any, Any]
 
 
 def type_names() -> dict[str, tuple[str, str]]:
-    """Every type this module reads: its name, and its (family, strategy)."""
+    """Every pair type this module reads: its name, and its (family, strategy)."""
     names = {f"{family}.{strategy}": (family, strategy) for family in FAMILIES for strategy in STRATEGIES}
     del names["llama3.argilla"]  # Axolotl's Llama 3 family calls it default
     names["llama3.default"] = ("llama3", "argilla")
     return names
+
+
+def kto_type_names() -> dict[str, tuple[str, str]]:
+    """Every KTO type this module reads: its name, and its (family, strategy)."""
+    return {f"{family}.{strategy}": (family, strategy) for family in FAMILIES for strategy in KTO_STRATEGIES}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ktrain_preference.axolotl_types import type_names
+from ktrain_preference.axolotl_types import kto_type_names, type_names
 from ktrain_preference.keys import GENERATION_METHODS, METHODS, PAIR_FORMAT, REFERENCE_FREE
 
 # Keys of plugins that replace the model's output layer and loss with a fused one that returns no logits.
@@ -16,7 +16,7 @@ def validate(config: Any, report: Any) -> None:
     method = config.rl
     if method is None:
         for i, entry in enumerate(config.datasets or []):
-            if entry.type == PAIR_FORMAT or entry.type in type_names():
+            if entry.type == PAIR_FORMAT or entry.type in type_names() or entry.type in kto_type_names():
                 report.error(f"datasets[{i}].type", f"{PAIR_FORMAT} holds preference rows: set rl: dpo (or kto)")
         return
     if method in GENERATION_METHODS:
@@ -55,8 +55,12 @@ def validate(config: Any, report: Any) -> None:
         if (getattr(config, name, None) or 1) > 1:
             report.error(name, f"rl: {method} needs each sequence whole on a rank; leave {name} at 1")
     for i, entry in enumerate(config.datasets or []):
-        if method == "kto" and entry.type != PAIR_FORMAT:
-            report.error(f"datasets[{i}].type", f"rl: kto reads prompt/completion/label rows: set type: {PAIR_FORMAT}")
+        if method == "kto" and entry.type != PAIR_FORMAT and entry.type not in kto_type_names():
+            report.error(
+                f"datasets[{i}].type",
+                f"rl: kto reads prompt/completion/label rows: set type: {PAIR_FORMAT} (or one of Axolotl's "
+                "KTO types, e.g. llama3.ultra)",
+            )
         elif entry.type != PAIR_FORMAT and entry.type not in type_names():
             report.error(
                 f"datasets[{i}].type",

@@ -11,7 +11,7 @@ from typing import Any
 import attrs
 
 from ktrain import hookimpl
-from ktrain_preference.axolotl_types import axolotl_format, type_names
+from ktrain_preference.axolotl_types import axolotl_format, kto_type_names, type_names
 from ktrain_preference.checks import validate
 from ktrain_preference.formats import tokenize_preference
 from ktrain_preference.keys import PAIR_FORMAT, PreferenceKeys
@@ -25,7 +25,7 @@ def ktrain_register_config(register) -> None:
 @hookimpl
 def ktrain_register_dataset_formats(register) -> None:
     register(PAIR_FORMAT, tokenize_preference)
-    for name, (family, strategy) in type_names().items():
+    for name, (family, strategy) in {**kto_type_names(), **type_names()}.items():
         register(name, axolotl_format(family, strategy))
 
 

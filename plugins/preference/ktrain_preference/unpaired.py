@@ -17,18 +17,30 @@ from ktrain_preference.pairs import answer_start, render
 UNDESIRABLE = -1
 
 
+def desirable(row: dict) -> bool:
+    """A KTO row's ``label``: true when its answer is desirable."""
+    label = row.get("label")
+    if label is None:
+        raise KeyError("label")
+    if not isinstance(label, bool):
+        raise TypeError(f"label is a {type(label).__name__}, not true or false")
+    return label
+
+
+def unpaired_sample(prompt: list[int], with_answer: list[int], good: bool, limit: int) -> dict:
+    """The sample of a prompt's token ids and the prompt with its answer, cut at ``limit``, the answer labelled
+    with its ids (``good``) or with ``UNDESIRABLE``."""
+    start = answer_start(prompt, (with_answer,), limit)
+    ids = with_answer[:limit]
+    answer = ids[start:] if good else [UNDESIRABLE] * (len(ids) - start)
+    return {"input_ids": ids, "labels": [IGNORE] * start + answer}
+
+
 def tokenize_unpaired(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict:
     """A KTO row as one sample ``prompt + completion``, the completion labelled by its desirability."""
-    desirable = row.get("label")
-    if desirable is None:
-        raise KeyError("label")
-    if not isinstance(desirable, bool):
-        raise TypeError(f"label is a {type(desirable).__name__}, not true or false")
+    good = desirable(row)
     prompt, (with_answer,) = render(row, tokenizer, entry, config, ("completion",))
-    start = answer_start(prompt, (with_answer,), config.sequence_len)
-    ids = with_answer[: config.sequence_len]
-    answer = ids[start:] if desirable else [UNDESIRABLE] * (len(ids) - start)
-    return {"input_ids": ids, "labels": [IGNORE] * start + answer}
+    return unpaired_sample(prompt, with_answer, good, config.sequence_len)
 
 
 def answer_of(labels: Any) -> tuple[int, bool]:

@@ -120,3 +120,37 @@ def test_axolotl_chatml_and_llama3_preference_types_are_written_as_axolotl_write
         assert main(["preprocess", str(AXOLOTL_DPO), *sets, "--check-only"]) == 0, capsys.readouterr().err[-2000:]
         out = capsys.readouterr().out
         assert f"{prompt}{answer}{prompt}{answer.replace('2', '3')}" in out, out[-1500:]
+
+
+def test_axolotl_kto_types_are_written_as_axolotl_writes_them(root: Path, capsys: pytest.CaptureFixture) -> None:
+    llama3_user = "<|start_header_id|>user<|end_header_id|>\n\n1+1=<|eot_id|>"
+    cases = {
+        "llama3.ultra": (  # the type of Axolotl's KTO example (llama-3/qlora-1b-kto.yaml)
+            {"system": "Be brief.", "prompt": "1+1=", "completion": "2", "label": True},
+            "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+            f"{llama3_user}<|start_header_id|>assistant<|end_header_id|>\n\n",
+            "[[2<|eot_id|><|im_end|>]]",  # the tiny tokenizer's EOS is <|im_end|>; TRL appends it to text answers
+        ),
+        "chatml.argilla_chat": (
+            {"completion": [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}], "label": True},
+            "<|im_start|>user\n1+1=<|im_end|>\n<|im_start|>assistant\n",
+            "[[2<|im_end|>]]",
+        ),
+    }
+    for name, (row, prompt, answer) in cases.items():
+        path = root / f"kto-{name}.jsonl"
+        path.write_text(json.dumps(row) + "\n", encoding="utf-8")
+        sets = _sets(root, rl="kto", micro_batch_size=2, sequence_len=512, **{"datasets.0.path": path})
+        sets += ["--set", f"datasets.0.type={name}"]
+        assert main(["preprocess", str(AXOLOTL_DPO), *sets, "--check-only"]) == 0, capsys.readouterr().err[-2000:]
+        out = capsys.readouterr().out
+        assert f"{prompt}{answer}" in out, out[-1500:]
+    assert (
+        main(
+            ["check", str(AXOLOTL_DPO), *_sets(root, rl="kto", micro_batch_size=2, **{"datasets.0.type": "chatml.icr"})]
+        )
+        == 2
+    )
+    assert "rl: kto reads prompt/completion/label rows" in capsys.readouterr().err
+    assert main(["check", str(AXOLOTL_DPO), *_sets(root, **{"datasets.0.type": "llama3.argilla"})]) == 2
+    assert "rl: dpo trains on preference pairs" in capsys.readouterr().err
