@@ -1123,6 +1123,7 @@ OPTIMIZER_PLUGINS: dict[str, tuple[str, ...]] = {
         "adamw_torch_4bit",
         "ao_adamw_8bit",
         "ao_adamw_4bit",
+        "muon",
     ),
 }
 
