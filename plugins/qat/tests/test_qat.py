@@ -106,7 +106,6 @@ def test_a_run_trains_and_exports_the_full_precision_names(tmp_path: Path, weigh
     dataset(tmp_path, 8)
     qat = {"weight_dtype": weight, "activation_dtype": activation, "group_size": size, "fake_quant_after_n_steps": 1}
     config = write_config(tmp_path, max_steps=2, micro_batch_size=2, qat=qat)
-    assert ktrain("check", str(config)).returncode == 0
     done = ktrain("run", str(config))
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"qat: 15 layers fake-quantized (weights {weight}, inputs {activation})" in done.stdout
@@ -121,6 +120,8 @@ def test_a_run_trains_and_exports_the_full_precision_names(tmp_path: Path, weigh
 def test_pairs_and_combinations_it_does_not_train_are_refused(tmp_path: Path) -> None:
     model_dir(tmp_path)
     dataset(tmp_path, 4)
+    axolotl_nvfp4 = {"weight_dtype": "nvfp4", "activation_dtype": "nvfp4", "group_size": 16}  # Axolotl's examples
+    prepare(write_config(tmp_path, qat=axolotl_nvfp4))  # what ktrain check runs: no error
     cases = {
         "nvfp4 weights with activation_dtype int8 are not supported by ktrain-plugin-qat": {
             "qat": {"weight_dtype": "nvfp4", "activation_dtype": "int8", "group_size": 16}
