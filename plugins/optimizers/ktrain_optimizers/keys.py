@@ -28,7 +28,10 @@ TORCHAO: dict[str, str] = {
 """Optimizer name -> class of ``torchao.optim``."""
 
 NAMES: tuple[str, ...] = (*BITSANDBYTES, *TORCHAO)
-"""Every optimizer name the plugin registers."""
+"""Every name of a library optimizer the plugin registers."""
+
+MUON = "muon"
+"""Muon on the hidden matrices with AdamW on the rest (``ktrain_optimizers.muon``, torch's own classes)."""
 
 
 def library(name: str) -> str:

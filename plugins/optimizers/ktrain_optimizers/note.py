@@ -9,6 +9,9 @@ from typing import Any
 
 from ktrain import hookimpl
 
+LIBRARIES = ("bitsandbytes", "torchao")
+"""The libraries whose classes are named by their ``optim`` module (as their users import them)."""
+
 
 class OptimizerNote:
     """Active when ``optimizer`` is one of the plugin's names: rank 0 prints the library class it trains with."""
@@ -21,5 +24,6 @@ class OptimizerNote:
         """Print ``optimizers: NAME is LIBRARY.optim.CLASS`` once, from the main rank."""
         if run.is_main:
             cls = type(engine.optimizer)
-            where = f"{cls.__module__.split('.')[0]}.optim.{cls.__name__}"
+            root = cls.__module__.split(".")[0]
+            where = f"{root}.optim.{cls.__name__}" if root in LIBRARIES else f"{cls.__module__}.{cls.__name__}"
             print(f"optimizers: {self.config.optimizer} is {where}", flush=True)

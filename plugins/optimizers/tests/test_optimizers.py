@@ -19,7 +19,7 @@ import torch
 from ktrain.config.axolotl import missing_optimizer
 from ktrain.config.axolotl_keys import OPTIMIZER_PLUGINS
 from ktrain.testing import KtrainProject, read_metrics, write_chat_dataset, write_model_dir
-from ktrain_optimizers.keys import NAMES
+from ktrain_optimizers.keys import MUON, NAMES
 from ktrain_optimizers.runtime import allow_torchao_states
 
 
@@ -32,6 +32,7 @@ def bnb_8bit(state: dict) -> bool:
 CASES = {
     "lion_8bit": ("bitsandbytes.optim.Lion8bit", bnb_8bit),  # no epsilon: the one branch of runtime.build
     "adamw_torch_4bit": ("torchao.optim.AdamW4bit", lambda state: type(state["exp_avg"]).__name__ == "OptimState4bit"),
+    "muon": ("ktrain_optimizers.muon.MuonAdamW", lambda state: "momentum_buffer" in state),  # Muon's own state
 }
 
 
@@ -43,7 +44,7 @@ def project(tmp_path: Path) -> KtrainProject:
 
 
 def test_the_kernel_catalogue_names_this_plugin_for_its_names() -> None:
-    assert set(OPTIMIZER_PLUGINS["ktrain-plugin-optimizers"]) == set(NAMES)
+    assert set(OPTIMIZER_PLUGINS["ktrain-plugin-optimizers"]) == {*NAMES, MUON}
     message = missing_optimizer("adamw_bnb_8bit")
     assert message is not None and message.startswith("'adamw_bnb_8bit' is registered by ktrain-plugin-optimizers")
     assert "pip install -e " in message and message.rstrip("`").endswith("plugins/optimizers")
