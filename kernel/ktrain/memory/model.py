@@ -9,7 +9,8 @@ The peak is the largest of three moments of a step after the first, each over th
 optimizer's states and the sharding's buffers: the loss's backward (every saved activation and the
 logits' 12 bytes each), the first checkpointed block rebuilt (the saved activations and that block),
 and the end of backward (the gradients). Under gradient accumulation the gradients of earlier
-micro-batches are held at all three.
+micro-batches are held at all three. Under autocast a frozen linear weight of a wider dtype (an adapter's
+fp32 base) is cast in every forward, and its cast is kept for the backward: counted with the activations.
 """
 
 from __future__ import annotations
@@ -86,6 +87,13 @@ def compute_bytes(config: Any) -> int:
     return 2 if (config.bf16 or config.bfloat16 or config.fp16) else 4
 
 
+def frozen_casts(weights: list[Weight], compute: int) -> int:
+    """Bytes of the frozen linear weights' casts to the compute dtype that autocast makes in forward and the
+    products keep for backward (an adapter's fp32 base under bf16 autocast); packed weights dequantize instead."""
+    frozen = (w for w in weights if w.kind == "linear" and not w.trainable and w.element_bytes > compute)
+    return sum(w.numel * compute for w in frozen)
+
+
 def kernel_checkpointing(config: Any) -> Checkpointing | None:
     """The kernel's ``gradient_checkpointing``: every block recomputed, or none."""
     return Checkpointing() if config.gradient_checkpointing else None
@@ -127,6 +135,8 @@ def predict(config: Any, mesh: MeshPlan, plugins: Any, shape: ModelShape | None 
     checkpointing = given.get("checkpointing", kernel_checkpointing(config))
     kernels = frozenset().union(*(given.get(name, ()) for name in ("kernels", "compiled", "float8")))
     held = activations(shape, tokens, int(element), compute_bytes(config), checkpointing, parallel.tp, kernels)
+    if not getattr(sharding, "weight_bytes", None):
+        held = attrs.evolve(held, saved=held.saved + frozen_casts(weights, compute_bytes(config)))
     logits = logits_bytes(shape, tokens, given.get("loss"))
     if pairs:  # log-probabilities a chunk of logits at a time
         logits = min(pairs.loss_bytes, logits)
