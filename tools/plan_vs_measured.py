@@ -1,6 +1,7 @@
 """Predicted against measured peak memory for the configs of configs/bench, from the reports in docs/results.
 
-Each row is a config (with the ``--set`` values its report ran with) and a ``ktrain bench`` report of one H200;
+Each row is a config (with the ``--set`` values its report ran with) and a ``ktrain bench`` report of one H200
+(``ROWS``: as written, with the GPU defaults; ``EARLIER_ROWS``: from before them);
 the prediction is ``ktrain.memory``'s peak per rank for one rank (what ``torch.cuda.max_memory_allocated``
 measures: the allocator's overhead and the CUDA context are left out). No device needed:
 
@@ -17,7 +18,21 @@ from ktrain.memory.model import predict
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
-ROWS = [  # config, --set values, report (its ktrain.peak_memory_gib)
+PLAN_CALL = "h200-2026-12-04-plan/peaks.jsonl"
+"""One call of tools/device/plan_measure.sh: a JSON report a line, named by its config."""
+ROWS = [  # config, --set values, report (its ktrain.peak_memory_gib; FILE#NAME: the line NAME of a JSONL file)
+    ("llama_1p5b", [], "h200-2026-12-04-fast/llama_1p5b.json"),
+    ("llama_1p5b", ["gradient_checkpointing=true"], "h200-2026-12-04-fast/llama_1p5b_ckpt.json"),
+    ("llama_1p5b_fused_loss_master", [], "h200-2026-12-04-fp8/bf16.json"),
+    ("llama_1p5b_fsdp2_liger_ac", [], f"{PLAN_CALL}#llama_1p5b_fsdp2_liger_ac"),
+    ("llama_1p5b_fp8_master", [], f"{PLAN_CALL}#llama_1p5b_fp8_master"),
+    ("llama_1p5b_fp8_master", ["fp8_recipe=rowwise"], "h200-2026-12-04-fp8/fp8_rowwise.json"),
+    ("llama_1p5b_packed_fp8", [], f"{PLAN_CALL}#llama_1p5b_packed_fp8"),
+    ("llama_1p5b_dpo", [], f"{PLAN_CALL}#llama_1p5b_dpo"),
+    ("llama_1p5b_dpo_lora", [], f"{PLAN_CALL}#llama_1p5b_dpo_lora"),
+]
+"""Runs of the configs as written on the H200, the GPU defaults resolved (ktrain.config.fast_defaults)."""
+EARLIER_ROWS = [
     ("llama_1p5b", [], "h200-2026-12-02/llama_1p5b.json"),
     ("llama_1p5b", ["fsdp_version=2"], "h200-2026-12-02/llama_1p5b_fsdp2.json"),
     ("llama_1p5b_zero2", [], "h200-2026-12-02/llama_1p5b_zero2.json"),
@@ -25,32 +40,43 @@ ROWS = [  # config, --set values, report (its ktrain.peak_memory_gib)
     ("llama_1p5b_fsdp2_liger_ac", [], "h200-2026-12-02/llama_1p5b_fsdp2_liger_ac.json"),
     ("llama_1p5b_liger_master", [], "h200-2026-12-03c/llama_1p5b_liger_master_config.json"),
     ("llama_1p5b_compile_master", [], "h200-2026-12-03d/compile_call2.json"),
-    ("llama_1p5b_fused_loss_master", [], "h200-2026-12-03g/llama_1p5b_fused_loss_master_call2.json"),
     ("llama_1p5b_packed", [], "h200-2026-12-02b/llama_1p5b_packed.json"),
     ("llama_8b_qlora", [], "h200-2026-12-03/llama_8b_qlora.json"),
     ("llama_8b_qlora_liger", [], "h200-2026-12-03/llama_8b_qlora_liger.json"),
 ]
+"""Runs from before the GPU defaults: predicted without them."""
 
 
-def compare() -> list[tuple[str, float, float, str]]:
-    """(config as run, predicted GiB, measured GiB, what is not modelled) for each row of ``ROWS``."""
+def measured_gib(report: str) -> float:
+    """The ktrain side's peak of ``report`` (a JSON file, or ``FILE#NAME`` for a line of a JSONL file)."""
+    path, _, name = report.partition("#")
+    text = (REPO / "docs" / "results" / path).read_text(encoding="utf-8")
+    reports = [json.loads(line) for line in text.splitlines()] if name else [json.loads(text)]
+    return next(r for r in reports if r.get("name", name) == name)["ktrain"]["peak_memory_gib"]
+
+
+def compare(rows: list[tuple[str, list[str], str]], device: str | None) -> list[tuple[str, float, float, str]]:
+    """(config as run, predicted GiB, measured GiB, what is not modelled) for each of ``rows``, the GPU defaults
+    resolved when ``device`` is ``"cuda"``."""
     out = []
-    for name, sets, report in ROWS:
-        measured = json.loads((REPO / "docs" / "results" / report).read_text(encoding="utf-8"))["ktrain"]
+    for name, sets, report in rows:
         config = REPO / "configs" / "bench" / f"{name}.yaml"
-        plan = prepare(config, [*sets, "datasets=[{path: .}]"], world_size=1)
+        data = [] if "dpo" in name else ["datasets=[{path: .}]"]
+        plan = prepare(config, [*sets, *data], world_size=1, device=device, capability=(9, 0) if device else None)
         prediction = predict(plan.config, plan.mesh, plan.plugins)
         shown = name + "".join(f" --set {s}" for s in sets)
-        out.append((shown, prediction.peak / GIB, measured["peak_memory_gib"], ", ".join(prediction.not_modelled)))
+        out.append((shown, prediction.peak / GIB, measured_gib(report), ", ".join(prediction.not_modelled)))
     return out
 
 
 def main() -> None:
-    """Print the table (markdown)."""
-    print("| config | predicted GiB | measured GiB | predicted / measured | not modelled |")
-    print("| --- | --- | --- | --- | --- |")
-    for shown, got, want, missing in compare():
-        print(f"| `{shown}` | {got:.1f} | {want:.1f} | {got / want:.2f} | {missing} |")
+    """Print the tables (markdown)."""
+    tables = (("as written", ROWS, "cuda"), ("earlier, without the GPU defaults", EARLIER_ROWS, None))
+    for title, rows, device in tables:
+        print(f"\n{title}\n\n| config | predicted GiB | measured GiB | predicted / measured | not modelled |")
+        print("| --- | --- | --- | --- | --- |")
+        for shown, got, want, missing in compare(rows, device):
+            print(f"| `{shown}` | {got:.1f} | {want:.1f} | {got / want:.2f} | {missing} |")
 
 
 if __name__ == "__main__":
