@@ -3,7 +3,8 @@
 bitsandbytes' 8-bit optimizers keep each state in a byte an element with an fp32 scale per block of
 256 elements; tensors under 4096 elements keep fp32 states. Its 32-bit (and paged) ones keep fp32
 states, AdamW two and Lion one. torchao's 8-bit AdamW keeps bytes with a scale per 256 elements, its
-4-bit AdamW half a byte with a scale per 128, both with the same 4096-element floor. No torch here.
+4-bit AdamW half a byte with a scale per 128, both with the same 4096-element floor. Muon is modelled as
+AdamW (two states in the weight's dtype): an upper bound, as the matrices it trains keep one. No torch here.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 from ktrain.memory.parts import OptimizerModel
-from ktrain_optimizers.keys import NAMES, TORCHAO
+from ktrain_optimizers.keys import MUON, NAMES, TORCHAO
 
 MIN_QUANTIZED = 4096
 
 
 def optimizer_model(name: str) -> OptimizerModel:
     """The memory model of the registered optimizer ``name``."""
+    if name == MUON:
+        return OptimizerModel(name)
     moments = 1 if "lion" in name else 2
     if name in TORCHAO:
         four = "4bit" in name
@@ -29,4 +32,4 @@ def optimizer_model(name: str) -> OptimizerModel:
 
 def collect_memory(config: Any) -> dict[str, Any] | None:
     """The ``"optimizer"`` model when ``optimizer`` names one of the plugin's optimizers."""
-    return {"optimizer": optimizer_model(config.optimizer)} if config.optimizer in NAMES else None
+    return {"optimizer": optimizer_model(config.optimizer)} if config.optimizer in (*NAMES, MUON) else None
