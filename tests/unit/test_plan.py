@@ -96,6 +96,12 @@ def test_plan_prints_the_parts_and_writes_the_fastest_layout_that_fits(tmp_path:
     assert prepare(out, world_size=2).mesh.world_size == 2  # a config ktrain check accepts
 
 
+def test_plan_for_gpus_predicts_the_run_with_its_gpu_defaults(tmp_path: Path, model: Path, capsys) -> None:
+    """Planned for GPUs, a config is predicted as its ranks would run it there: bf16 weights with fp32 masters."""
+    assert main(["plan", str(_config(tmp_path, model, bf16=True)), "--gpus", "1", "--top", "1"]) == 0
+    assert "as written: DDP, adamw_fp32_master," in capsys.readouterr().out
+
+
 def test_check_warns_with_a_layout_that_fits_and_never_fails(tmp_path: Path, model: Path, capsys) -> None:
     """1034 MiB leaves the tiny model 10 MiB beside the CUDA context: micro-batches of 16 rows of 64 tokens
     (predicted 13.6 MiB) do not fit under DDP; 8 rows (7.5 MiB) do."""

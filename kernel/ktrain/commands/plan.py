@@ -170,7 +170,7 @@ def _prepare(data: dict[str, Any], overrides: list[str], world: int, folder: Pat
     """The checked plan of the config ``data`` (written into ``folder``) for ``world`` ranks."""
     out = folder / "candidate.yaml"
     out.write_text(dump_yaml(data), encoding="utf-8")
-    return prepare(out, overrides, world_size=world, planned=True)
+    return prepare(out, overrides, world_size=world, device="cuda", planned=True)
 
 
 def _fits(prediction: Prediction, gpu_memory: int, host_memory: int | None, ranks_per_node: int) -> bool:
@@ -294,7 +294,7 @@ def plan_cli(args: argparse.Namespace) -> int:
         raise ConfigError.single("--gpus" if args.gpus < 1 else "--nodes", "must be at least 1")
     data, _ = load_yaml(Path(args.config)) if Path(args.config).is_file() else ({}, {})
     load_plugins_and_config(args.config, args.overrides)  # the config's own problems first, as ktrain check
-    written = prepare(args.config, _overrides(args, data), world_size=args.gpus * args.nodes)
+    written = prepare(args.config, _overrides(args, data), world_size=args.gpus * args.nodes, device="cuda")
     try:
         shape = read_shape(written.config)
     except ShapeError as e:
