@@ -24,7 +24,7 @@ def _pairs() -> str:
 @hookimpl
 def ktrain_validate_config(config: Any, report: Any) -> None:
     """A type pair or group size the plugin does not fake-quantize; ``qat`` beside an adapter, a quantized base
-    or fp8 matmuls (each replaces the same linear layers); a negative ``fake_quant_after_n_steps``."""
+    or fp8 matmuls (each replaces the same linear layers); a negative ``fake_quant_after_n_steps``; nvfp4 in fp16."""
     qat = config.qat
     if qat is None:
         return
@@ -45,6 +45,10 @@ def ktrain_validate_config(config: Any, report: Any) -> None:
     if qat.weight_dtype == "mxfp4" and qat.fake_quant_after_n_steps:
         report.error(
             "qat.fake_quant_after_n_steps", "is not supported with mxfp4 weights (torchao's mxfp4 layers always round)"
+        )
+    if qat.weight_dtype == "nvfp4" and getattr(config, "fp16", None):
+        report.error(
+            "qat.weight_dtype", "nvfp4 rounds float32 or bfloat16 weights (torchao's NVFP4Tensor): use bf16, not fp16"
         )
     if qat.weight_dtype != "int4" and qat.quantize_embedding:
         report.error("qat.quantize_embedding", "is supported with int4 weights only")

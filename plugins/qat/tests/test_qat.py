@@ -126,6 +126,10 @@ def test_pairs_and_combinations_it_does_not_train_are_refused(tmp_path: Path) ->
         "nvfp4 weights with activation_dtype int8 are not supported by ktrain-plugin-qat": {
             "qat": {"weight_dtype": "nvfp4", "activation_dtype": "int8", "group_size": 16}
         },
+        "qat.weight_dtype: nvfp4 rounds float32 or bfloat16 weights": {
+            "qat": {"weight_dtype": "nvfp4", "activation_dtype": "nvfp4"},
+            "fp16": True,
+        },
         "qat.group_size: nvfp4 quantizes blocks of 16": {
             "qat": {"weight_dtype": "nvfp4", "activation_dtype": "nvfp4", "group_size": 32}
         },
