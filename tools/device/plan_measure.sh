@@ -8,7 +8,8 @@
 # with EIGHT_B=1 the 8B QLoRA configs too, on random weights written first by tools/device/random_weights.py.
 #   run: bash tools/device/plan_measure.sh   (carry .device/plan_all: the wheels of pluggy, attrs, cattrs,
 #   ruamel.yaml, liger-kernel, bitsandbytes, torchao 0.17.0 (built against torch 2.11), deepspeed 0.19.8 and its
-#   dependencies hjson, py-cpuinfo, msgpack, nvidia-ml-py, einops; pydantic is the device's own)
+#   dependencies hjson, py-cpuinfo, msgpack, nvidia-ml-py, einops; DeepSpeed's pydantic is missing there, and
+#   its compiled core is not in the package index here: llama_1p5b_zero2 stops with the plugin's one line)
 # WHEELS, STEPS (timed steps, default 1), WARMUP (default 1), EIGHT_B, BENCH_TIMEOUT (s, default 150) choose how it runs.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
