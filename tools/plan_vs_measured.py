@@ -20,6 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 PLAN_CALL = "h200-2026-12-04-plan/peaks.jsonl"
 """One call of tools/device/plan_measure.sh: a JSON report a line, named by its config."""
+PLAN_CALL2 = "h200-2026-12-04-plan2/peaks.jsonl"
+"""A second call, of the 1.5B configs the first did not reach (its command in that folder's log.txt)."""
 ROWS = [  # config, --set values, report (its ktrain.peak_memory_gib; FILE#NAME: the line NAME of a JSONL file)
     ("llama_1p5b", [], "h200-2026-12-04-fast/llama_1p5b.json"),
     ("llama_1p5b", ["gradient_checkpointing=true"], "h200-2026-12-04-fast/llama_1p5b_ckpt.json"),
@@ -30,6 +32,10 @@ ROWS = [  # config, --set values, report (its ktrain.peak_memory_gib; FILE#NAME:
     ("llama_1p5b_packed_fp8", [], f"{PLAN_CALL}#llama_1p5b_packed_fp8"),
     ("llama_1p5b_dpo", [], f"{PLAN_CALL}#llama_1p5b_dpo"),
     ("llama_1p5b_dpo_lora", [], f"{PLAN_CALL}#llama_1p5b_dpo_lora"),
+    ("llama_1p5b_fsdp2_liger", [], f"{PLAN_CALL2}#llama_1p5b_fsdp2_liger"),
+    ("llama_1p5b_liger_master", [], f"{PLAN_CALL2}#llama_1p5b_liger_master"),
+    ("llama_1p5b_compile_master", [], f"{PLAN_CALL2}#llama_1p5b_compile_master"),
+    ("llama_1p5b_packed", [], f"{PLAN_CALL2}#llama_1p5b_packed"),
 ]
 """Runs of the configs as written on the H200, the GPU defaults resolved (ktrain.config.fast_defaults)."""
 UNEXPLAINED = ("llama_1p5b_fsdp2_liger_ac",)
