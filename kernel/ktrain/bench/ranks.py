@@ -60,4 +60,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         distributed.shutdown()
     return 0
-
