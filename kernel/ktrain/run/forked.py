@@ -34,8 +34,8 @@ PRELOAD = ("ktrain.run.worker", "ktrain.run.trainer", "transformers", "transform
 
 
 def start_server(extra: tuple[str, ...] = ()) -> None:
-    """Have multiprocessing's fork server import ``PRELOAD`` and ``extra`` (a plugin's runtime, the model's
-    module) when it starts; it starts with the first rank, from this process's environment then."""
+    """Have multiprocessing's fork server import ``PRELOAD`` and ``extra`` (the runtime modules of the
+    run's plugins) when it starts; it starts with the first rank, from this process's environment then."""
     os.environ[PRELOAD_ENV] = ",".join(dict.fromkeys((*PRELOAD, *extra)))
     os.environ[AGENT_PID_ENV] = str(os.getpid())
     multiprocessing.set_forkserver_preload([f"{__package__}.fork_server"])
