@@ -124,3 +124,23 @@ def test_a_machine_killed_ends_the_other_naming_the_failure(root: Path) -> None:
     assert "Traceback" not in text and "TCPStore" not in text, text[-3000:]
     logs = text + Path(f"{root / 'killed'}.node-1").read_text()
     assert logs.count("ktrain: tokenizing the datasets into") == 1, logs  # one machine built, the other read
+
+
+def test_the_first_machine_keeps_what_a_machine_that_joined_first_wrote(root: Path) -> None:
+    """The second machine's launcher may reach the shared output_dir first: the first machine's then starts
+    afresh in it without removing the joiner's lock or the run files it reads (they are replaced atomically)."""
+    from ktrain.config.plan import prepare
+    from ktrain.run.directory import join_run_dir, prepare_run_dir
+
+    config = write_config(root, "joined.yaml", output_dir=str(root / "joined"))
+    plan = prepare(config, world_size=2)
+    joiner = join_run_dir(root / "joined", plan, node_rank=1)
+    before = {p.name: p.stat().st_ino for p in (root / "joined").iterdir()}
+    try:
+        _, first = prepare_run_dir(plan, resume=False, overwrite=False, node_rank=0)
+        first.close()
+    finally:
+        joiner.close()
+    after = {p.name: p.stat().st_ino for p in (root / "joined").iterdir()}
+    assert after[".ktrain.node-1.lock"] == before[".ktrain.node-1.lock"], (before, after)
+    assert {"run.json", "config.yaml", "config.resolved.yaml"} <= after.keys()

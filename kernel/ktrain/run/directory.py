@@ -127,11 +127,14 @@ def prepare_run_dir(plan: Plan, resume: bool, overwrite: bool, node_rank: int = 
         lock.close()
         raise RunDirInUse.single("output_dir", f"ranks of an earlier run still hold {out}; stop them first")
     workers.close()
+    # what another machine of this run may have written as it joined stays: the run files are written again
+    # below by an atomic replace, so a joining launcher reading them never finds them missing
+    joined = tuple(p.name for p in out.iterdir() if _joining(p.name))
     if overwrite and ours:
-        _clear(out, keep=())
+        _clear(out, keep=joined)
     elif ours and not continuing and not holds_results(out):
         print(f"ktrain: {out} holds no checkpoint and no model of an earlier start; starting afresh in it", flush=True)
-        _clear(out, keep=("prepared",))  # the data cache is named by its content's hash: still good
+        _clear(out, keep=("prepared", *joined))  # the data cache is named by its content's hash: still good
     write_run_files(out, plan)
     return out, lock
 
