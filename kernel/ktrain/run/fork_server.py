@@ -2,6 +2,10 @@
 modules named in ``KTRAIN_PRELOAD`` with the process's output sent nowhere, so the libraries' import-time
 messages do not reach the terminal once more (each rank's log has its own start). A module that fails to
 import is left for the rank, which imports it again and reports the error where it belongs.
+
+The fork server ignores the signals a terminal or a scheduler sends the whole process group (SIGINT it
+ignores itself): the agent learns of its ranks' ends through it, so it must outlive them while they finish
+and save their step; it ends when the launcher does. Each rank sets these signals' handlers at its start.
 """
 
 from __future__ import annotations
@@ -9,7 +13,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import signal
 import sys
+
+STOPPING = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT)
+"""The signals the fork server ignores, besides SIGINT."""
 
 
 def _import_quietly(modules: list[str]) -> None:
@@ -32,4 +40,6 @@ def _import_quietly(modules: list[str]) -> None:
         os.close(null)
 
 
+for _signum in STOPPING:
+    signal.signal(_signum, signal.SIG_IGN)
 _import_quietly([name for name in os.environ.get("KTRAIN_PRELOAD", "").split(",") if name])

@@ -56,6 +56,8 @@ def rank_entry(module: str, *argv: str) -> int:
     """
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signum, _stopped_while_starting)
+    for signum in (signal.SIGHUP, signal.SIGQUIT):  # the fork server ignores them; a rank does not
+        signal.signal(signum, signal.SIG_DFL)
     from torch.distributed.elastic.multiprocessing.errors import record
 
     try:
