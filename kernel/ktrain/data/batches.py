@@ -145,18 +145,28 @@ def collate(
     return batch
 
 
-def document_mask(documents: torch.Tensor, attention: str) -> Any:
-    """Causal attention within each document of ``documents`` ``[batch, length]``, in the form ``attention`` takes."""
+def document_mask(documents: torch.Tensor, attention: str, prefix: int | None = None) -> Any:
+    """Causal attention within each document of ``documents`` ``[batch, length]``, in the form ``attention`` takes.
+
+    With ``prefix``, the documents numbered above ``prefix`` also see document ``prefix`` (a prompt shared by the
+    documents after it); those numbered below it do not.
+    """
     batch, length = documents.shape
     if attention == "flex_attention":
         from torch.nn.attention.flex_attention import create_block_mask
 
         def same_document(b: Any, h: Any, q: Any, k: Any) -> Any:
-            return (documents[b, q] == documents[b, k]) & (q >= k)
+            seen = documents[b, q] == documents[b, k]
+            if prefix is not None:
+                seen = seen | ((documents[b, k] == prefix) & (documents[b, q] > prefix))
+            return seen & (q >= k)
 
         return create_block_mask(same_document, batch, None, length, length, device=documents.device)
     causal = torch.ones((length, length), dtype=torch.bool, device=documents.device).tril()
-    allowed = (documents[:, :, None] == documents[:, None, :]) & causal
+    seen = documents[:, :, None] == documents[:, None, :]
+    if prefix is not None:
+        seen = seen | ((documents[:, None, :] == prefix) & (documents[:, :, None] > prefix))
+    allowed = seen & causal
     if attention == "eager":
         additive = torch.zeros(allowed.shape, dtype=torch.float32, device=documents.device)
         return additive.masked_fill(~allowed, torch.finfo(torch.float32).min)[:, None]
