@@ -21,11 +21,17 @@ import torch.nn.functional as F
 from ktrain.data.formats import IGNORE
 from ktrain.run import distributed
 from ktrain_preference.keys import DEFAULT_BETA
-from ktrain_preference.logps import token_logps
-from ktrain_preference.objective import Reference, answer_sums, padded
+from ktrain_preference.layout import padded
+from ktrain_preference.logps import group_sums, shifted, token_logps
+from ktrain_preference.objective import Reference
 from ktrain_preference.unpaired import answer_of
 
 METRICS = ("rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected")
+
+
+def _row_sums(values: torch.Tensor, at: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Each row's sum of its labelled tokens' log-probabilities ``values`` (scored at ``at``, ``shifted(labels)``)."""
+    return group_sums(values, at[:2], len(labels), labels.shape[1])
 
 
 class UnpairedObjective:
@@ -67,13 +73,13 @@ class UnpairedObjective:
             {"input_ids": batch[f"{p}input_ids"], "attention_mask": batch[f"{p}attention_mask"], "use_cache": False}
             for p in ("", "kl_")
         )
-        labels, kl_labels = batch["labels"], batch["kl_labels"]
+        at, kl_at = shifted(batch["labels"]), shifted(batch["kl_labels"])
         with torch.no_grad():
-            kl_logps, _ = answer_sums(token_logps(model, kl_inputs, kl_labels, self.head), kl_labels)
-            ref_kl_logps, _ = answer_sums(self.reference(kl_inputs, kl_labels), kl_labels)
-            ref_logps, _ = answer_sums(self.reference(inputs, labels), labels)
+            kl_logps = _row_sums(token_logps(model, kl_inputs, kl_at, self.head), kl_at, batch["kl_labels"])
+            ref_kl_logps = _row_sums(self.reference(kl_inputs, kl_at), kl_at, batch["kl_labels"])
+            ref_logps = _row_sums(self.reference(inputs, at), at, batch["labels"])
             kl = self._kl((kl_logps - ref_kl_logps).mean())
-        logps, _ = answer_sums(token_logps(model, inputs, labels, self.head), labels)
+        logps = _row_sums(token_logps(model, inputs, at, self.head), at, batch["labels"])
         ratios = logps - ref_logps
         good = batch["desirable"]
         desirable = self.weights[0] * (1 - F.sigmoid(self.beta * (ratios[good] - kl)))

@@ -1,11 +1,12 @@
-"""Per-token log-probabilities of chosen targets, computed through the output layer chunk by chunk.
+"""Log-probabilities of chosen tokens at chosen positions, computed through the output layer chunk by chunk.
 
-``add_logps_head(model)`` gives a causal LM's ``forward`` a keyword ``logps_targets`` (the ids each
-position's next token is scored against, -100 where none is): with it, the forward runs the backbone and
-returns ``[batch, length - 1]`` fp32 log-probabilities (0 where no target is), computed only at the
-positions that have a target, a chunk of rows at a time under activation checkpointing: no
-``[batch, length, vocab]`` logits exist, in fp32 or at all, and the backward recomputes each chunk's
-logits. The forward is patched on the instance, so data parallelism's wrappers, an adapter (which calls
+A scored token is given by its row, the position whose hidden state predicts it, and its id: ``at`` is a
+``[3, tokens]`` tensor of the three. ``add_logps_head(model)`` gives a causal LM's ``forward`` a keyword
+``logps_at``: with it, the forward runs the backbone and returns the ``[tokens]`` fp32 log-probabilities,
+computed at those positions only, a chunk of them at a time under activation checkpointing: no
+``[batch, length, vocab]`` logits exist, in fp32 or at all, and the backward recomputes each chunk's logits.
+Explicit positions let two answers that follow one prompt in one row both be predicted from the prompt's last
+position. The forward is patched on the instance, so data parallelism's wrappers, an adapter (which calls
 the base model's forward) and sharding hooks see one ordinary call of the model. Where the output layer is
 not a plain product (a bias, logit scaling or soft-capping, a sharded or partitioned weight), the original
 forward's logits are used instead, with the same result.
@@ -28,12 +29,18 @@ CHUNK_ELEMENTS = 2**28
 SCALED = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
 
 
-def from_logits(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``[batch, length - 1]`` log-probabilities of ``targets[:, 1:]`` under ``logits[:, :-1]`` (0 at -100)."""
-    shifted = targets[:, 1:]
-    logps = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    picked = logps.gather(-1, shifted.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    return picked * (shifted != IGNORE)
+def shifted(labels: torch.Tensor) -> torch.Tensor:
+    """``at`` of the labelled tokens of rows ``labels`` ``[batch, length]``: each predicted from the position before
+    it, in the order of the rows and then their positions."""
+    rows, positions = (labels[:, 1:] != IGNORE).nonzero(as_tuple=True)
+    return torch.stack([rows, positions, labels[rows, positions + 1]])
+
+
+def from_logits(logits: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """``[tokens]`` log-probabilities of the tokens ``at[2]`` under ``logits`` at rows ``at[0]``, positions
+    ``at[1]``."""
+    logps = torch.log_softmax(logits[at[0], at[1]].float(), dim=-1)
+    return logps.gather(-1, at[2].unsqueeze(-1)).squeeze(-1)
 
 
 def _rows_logps(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -41,18 +48,15 @@ def _rows_logps(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
 
 
-def chunked(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: int) -> torch.Tensor:
-    """``[batch, length - 1]`` log-probabilities of ``targets[:, 1:]`` for the logits ``hidden @ weight.T``,
-    ``rows`` positions at a time; the positions without a target are not computed."""
-    shifted = targets[:, 1:]
-    where = shifted != IGNORE
-    picked_hidden, picked = hidden[:, :-1][where], shifted[where]
+def chunked(hidden: torch.Tensor, weight: torch.Tensor, at: torch.Tensor, rows: int) -> torch.Tensor:
+    """``[tokens]`` log-probabilities of the tokens ``at[2]`` for the logits ``hidden[at[0], at[1]] @ weight.T``,
+    ``rows`` tokens at a time; no other position is computed."""
+    picked_hidden, picked = hidden[at[0], at[1]], at[2]
     parts = [
         checkpoint(_rows_logps, picked_hidden[i : i + rows], weight, picked[i : i + rows], use_reentrant=False)
         for i in range(0, len(picked), rows)
     ]
-    out = torch.zeros(shifted.shape, dtype=torch.float32, device=hidden.device)
-    return out.masked_scatter(where, torch.cat(parts)) if parts else out
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32, device=hidden.device)
 
 
 def plain_head(model: Any) -> bool:
@@ -68,33 +72,40 @@ def plain_head(model: Any) -> bool:
 
 
 def _logps_forward(
-    model: Any, original: Any, *args: Any, logps_targets: torch.Tensor | None = None, labels: Any = None, **kwargs: Any
+    model: Any, original: Any, *args: Any, logps_at: torch.Tensor | None = None, labels: Any = None, **kwargs: Any
 ) -> Any:
-    """The model's forward; with ``logps_targets``, the targets' log-probabilities instead of the logits."""
-    if logps_targets is None:
+    """The model's forward; with ``logps_at``, those tokens' log-probabilities instead of the logits."""
+    if logps_at is None:
         return original(*args, labels=labels, **kwargs)
     weight = model.get_output_embeddings().weight
     if isinstance(weight, DTensor) or hasattr(weight, "ds_id"):  # sharded apart from the model, or partitioned
-        return from_logits(original(*args, **kwargs).logits, logps_targets)
+        return from_logits(original(*args, **kwargs).logits, logps_at)
     hidden = getattr(model, model.base_model_prefix)(*args, **kwargs).last_hidden_state
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
     with torch.autocast(device, enabled=False):  # the product in the dtype nn.Linear would run it in
-        return chunked(hidden.to(dtype), weight.to(dtype), logps_targets, max(1, CHUNK_ELEMENTS // weight.shape[0]))
+        return chunked(hidden.to(dtype), weight.to(dtype), logps_at, max(1, CHUNK_ELEMENTS // weight.shape[0]))
 
 
 def add_logps_head(model: Any) -> bool:
-    """Give ``model`` (a causal LM, before any adapter wraps it) the ``logps_targets`` keyword; False (and no
-    change) when its output layer is not a plain product."""
+    """Give ``model`` (a causal LM, before any adapter wraps it) the ``logps_at`` keyword; False (and no change)
+    when its output layer is not a plain product."""
     if not plain_head(model):
         return False
     model.forward = functools.partial(_logps_forward, model, model.forward)
     return True
 
 
-def token_logps(model: Any, inputs: dict[str, Any], targets: torch.Tensor, head: bool) -> torch.Tensor:
-    """``[batch, length - 1]`` log-probabilities of ``targets[:, 1:]`` from one call of ``model``: through the
-    chunked head when the model has it (``head``), else from its logits."""
+def token_logps(model: Any, inputs: dict[str, Any], at: torch.Tensor, head: bool) -> torch.Tensor:
+    """``[tokens]`` log-probabilities of the tokens ``at`` names, from one call of ``model``: through the chunked
+    head when the model has it (``head``), else from its logits."""
     if head:
-        return model(**inputs, logps_targets=targets)
-    return from_logits(model(**inputs).logits, targets)
+        return model(**inputs, logps_at=at)
+    return from_logits(model(**inputs).logits, at)
+
+
+def group_sums(values: torch.Tensor, slots: torch.Tensor, groups: int, width: int) -> torch.Tensor:
+    """``[groups]`` sums of ``values``, each in group ``slots[0]`` at place ``slots[1]`` (below ``width``): summed in
+    the order of their places, the same on every device and run (no atomic adds)."""
+    table = torch.zeros((groups, width), dtype=values.dtype, device=values.device)
+    return table.index_put_((slots[0], slots[1]), values).sum(-1)

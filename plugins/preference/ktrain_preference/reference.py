@@ -3,7 +3,8 @@
 Before the first step the model is still the reference (the model as loaded; under an adapter, the base with
 the adapter switched off), so one pass without gradients over every sample of the preprocessing cache (the
 training samples and the test samples) gives each pair's summed log-probabilities of its chosen and rejected
-answers. The ranks share the samples and sum their parts. They are kept beside the cache's tables, in a file
+answers, in the layout training collates them in (``ktrain_preference.layout``). The ranks share the samples
+and sum their parts. They are kept beside the cache's tables, in a file
 named by the model and the compute dtype, so a resumed run (or the next run on the same data and model)
 reads them. A sample is found again by a digest of its tokens and labels. Training then holds no reference
 model and runs no reference forward.
@@ -25,8 +26,6 @@ import torch.distributed as dist
 
 from ktrain.data import cache, pipeline
 from ktrain.run import distributed
-from ktrain_preference.logps import token_logps
-from ktrain_preference.objective import answer_sums
 from ktrain_preference.pairs import sample_key
 
 
@@ -61,9 +60,7 @@ def _compute(run: Any, objective: Any, model: Any, samples: list[Any]) -> np.nda
             picked = mine[b * micro : (b + 1) * micro]
             rows = [[samples[i]] for i in picked] or [[samples[0]]]  # a rank without samples left runs one anyway
             batch = objective.collate(rows, run.pad_id, pad_to, None, run.device)
-            inputs = {k: batch[k].to(run.device) for k in ("input_ids", "attention_mask")}
-            labels = batch["labels"].to(run.device)
-            sums, _ = answer_sums(token_logps(model, {**inputs, "use_cache": False}, labels, objective.head), labels)
+            sums = objective.answer_logps(model, {k: v.to(run.device) for k, v in batch.items()})
             if picked:
                 out[picked] = torch.stack(sums.float().chunk(2), dim=1)
     model.train(was_training)

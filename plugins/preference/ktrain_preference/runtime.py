@@ -48,6 +48,7 @@ class Preference:
     @hookimpl
     def ktrain_build_objective(self, run: Any, engine: Any) -> Any:
         from ktrain_preference.kto import UnpairedObjective
+        from ktrain_preference.layout import shared_attention
         from ktrain_preference.objective import PairObjective, adapter_off, frozen
 
         reference = None
@@ -56,8 +57,14 @@ class Preference:
             reference = adapter_off(run.model, self.head)
         elif live:
             reference = frozen(self.copy.to(run.device), self.head)
-        kind = UnpairedObjective if self.config.rl == "kto" else PairObjective
-        self.objective = kind(self.config, reference, run.device, self.head)
+        if self.config.rl == "kto":
+            self.objective = UnpairedObjective(self.config, reference, run.device, self.head)
+        else:
+            attention = shared_attention(run.model)
+            self.objective = PairObjective(self.config, reference, run.device, self.head, attention)
+            if run.is_main:
+                how = "once for both answers" if attention else "once for each answer (two rows a pair)"
+                print(f"preference: a pair's prompt is computed {how}", flush=True)
         if self.config.precompute_ref_log_probs:  # before any step: the model is still the reference
             from ktrain_preference.reference import precomputed
 

@@ -1,7 +1,8 @@
 """DPO on 2 CPU ranks: DDP and FSDP2 give the losses of one process (global batch 8 as 1 rank x 2 micro-batches
 of 4, and as 2 ranks x 1), and a DDP run killed mid-step resumes from its checkpoint and continues exactly. The
 DDP run precomputes its reference log-probabilities (precompute_ref_log_probs), holding no reference model: its
-losses are those of the one process's live reference, and the resumed run reads them back."""
+losses are those of the one process's live reference, and the resumed run reads them back. Every run computes a
+pair's prompt once for both answers (ktrain_preference.layout)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ def test_ddp_two_ranks_with_precomputed_reference_match_one_process_and_resume_e
     assert killed.returncode != 0
     assert "the reference is precomputed before training (no reference model)" in killed.stdout
     assert "frozen copy" not in killed.stdout and "log-probabilities of 16 samples into" in killed.stdout
+    assert "a pair's prompt is computed once for both answers" in killed.stdout
     before = read_metrics(root / "ddp")
     assert sorted(before) == [1, 2, 3]  # step 3 logged, not checkpointed: it runs again after the resume
     resumed = ktrain("run", str(config), "--nproc-per-node", "2", "--resume")

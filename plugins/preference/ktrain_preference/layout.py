@@ -1,0 +1,154 @@
+"""How a micro-batch of pairs becomes the tensors of one forward: the prompt once for both answers, or two rows.
+
+The shared layout puts each pair in one row, ``prompt + chosen answer + rejected answer``: the rejected answer's
+position ids restart after the prompt, and its tokens see the prompt and themselves, never the chosen answer
+(causal attention within each of the segments prompt, chosen, rejected and padding, and every answer token also
+sees the prompt; padding sees only padding). Both answers' first tokens are predicted from the prompt's last
+position, so the scored tokens are named by (row, position, id) (``ktrain_preference.logps``). The prompt's
+tokens then run once a pair instead of twice, in the policy's forward and backward and the reference's forward.
+
+The mask is built in the form the model's attention takes: a 4-D boolean mask for SDPA, an additive one for
+eager attention, a ``BlockMask`` for FlexAttention (``ktrain.data.batches.document_mask``). Where that cannot
+be (FlashAttention's kernels take no mask, a model family not checked to honour a custom mask and position ids,
+``pad_to_sequence_len``'s fixed shapes of ``sequence_len``), or where a pair's two sequences do not start with
+the same prompt, the micro-batch keeps the two-row layout: the chosen sequences, then the rejected ones, each
+prompt and answer, right-padded.
+
+Either way the batch names every scored token: ``logps_at`` ``[3, tokens]`` (row, the position that predicts
+it, its id) and ``logps_slots`` ``[2, tokens]`` (its group and its place in the group), and ``answer_tokens``
+counts each group's tokens. Groups: the chosen answers, then the rejected ones (a pair's index, then the pairs
+plus it), then, with ``whole_chosen`` (ORPO's NLL), each chosen sequence's prompt tokens after its first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ktrain.data.batches import document_mask
+from ktrain.data.formats import IGNORE
+from ktrain_preference.pairs import split
+
+SHARED_ATTENTION = ("sdpa", "eager", "flex_attention")
+"""Attention implementations that take the shared layout's mask."""
+SHARED_MODELS = ("llama", "qwen2", "qwen3")
+"""Model types whose attention is checked to take a custom 4-D mask and position ids as given (tests)."""
+PADDING, PROMPT, CHOSEN, REJECTED = 0, 1, 2, 3
+"""The segments of a shared row; the answers see ``PROMPT`` (``document_mask``'s prefix), padding does not."""
+
+Sequences = list[tuple[list[int], list[int]]]
+
+
+def shared_attention(model: Any) -> str | None:
+    """The attention implementation to build shared rows' masks for, or None where ``model`` keeps two rows:
+    an attention that takes no mask, a model type not checked, or a model with sliding-window layers."""
+    config = model.config
+    attention = getattr(config, "_attn_implementation", None) or "sdpa"
+    text = config.get_text_config()
+    windowed = any(kind != "full_attention" for kind in getattr(text, "layer_types", None) or ())
+    if attention not in SHARED_ATTENTION or text.model_type not in SHARED_MODELS or windowed:
+        return None
+    return attention
+
+
+def sequences(sample: Any) -> tuple[list[int], list[int], list[int], list[int]]:
+    """A pair's sample as the ids and labels of its chosen sequence, then of its rejected one."""
+    ids, labels = [int(t) for t in sample.input_ids], [int(t) for t in sample.labels]
+    at = split(labels)
+    return ids[:at], labels[:at], ids[at:], labels[at:]
+
+
+def prompt_length(labels: Sequence[int]) -> int:
+    """The tokens before a sequence's first labelled one."""
+    return next(i for i, label in enumerate(labels) if label != IGNORE)
+
+
+class Scores:
+    """The scored tokens of a micro-batch, gathered group by group in the order of their places."""
+
+    def __init__(self, groups: int):
+        self.at: list[list[int]] = [[], [], []]
+        self.slots: list[list[int]] = [[], []]
+        self.counts = [0] * groups
+
+    def sequence(
+        self, ids: list[int], labels: list[int], row: int, place: Callable[[int], int], group: int, prompt: int | None
+    ) -> None:
+        """Score the labelled tokens of a sequence in ``row`` (``place``: its index to the row's position) in
+        ``group``, and with ``prompt`` its other tokens after the first in that group."""
+        for j in range(1, len(ids)):
+            if labels[j] != IGNORE:
+                self._add(group, row, place(j - 1), labels[j])
+            elif prompt is not None:
+                self._add(prompt, row, place(j - 1), ids[j])
+
+    def _add(self, group: int, row: int, position: int, target: int) -> None:
+        for values, value in zip(self.at, (row, position, target), strict=True):
+            values.append(value)
+        self.slots[0].append(group)
+        self.slots[1].append(self.counts[group])
+        self.counts[group] += 1
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {
+            "logps_at": torch.tensor(self.at, dtype=torch.long).reshape(3, -1),
+            "logps_slots": torch.tensor(self.slots, dtype=torch.long).reshape(2, -1),
+            "answer_tokens": torch.tensor(self.counts, dtype=torch.long),
+        }
+
+
+def padded(sequences: Sequences, pad_id: int, pad_to: int | None) -> dict[str, torch.Tensor]:
+    """``input_ids``, ``labels`` and ``attention_mask`` of (ids, labels) ``sequences``, right-padded to one length."""
+    length = pad_to or max(len(ids) for ids, _ in sequences)
+    batch = {
+        "input_ids": torch.full((len(sequences), length), pad_id, dtype=torch.long),
+        "labels": torch.full((len(sequences), length), IGNORE, dtype=torch.long),
+        "attention_mask": torch.zeros((len(sequences), length), dtype=torch.long),
+    }
+    for i, (ids, labels) in enumerate(sequences):
+        batch["input_ids"][i, : len(ids)] = torch.tensor(ids)
+        batch["labels"][i, : len(ids)] = torch.tensor(labels)
+        batch["attention_mask"][i, : len(ids)] = 1
+    return batch
+
+
+def two_rows(samples: list[Any], pad_id: int, pad_to: int | None, whole_chosen: bool) -> dict[str, Any]:
+    """The chosen sequences of the pairs, then their rejected ones, right-padded: ``[2 x pairs, length]``."""
+    pairs = [sequences(sample) for sample in samples]
+    n = len(pairs)
+    scores = Scores(3 * n if whole_chosen else 2 * n)
+    for i, (chosen, chosen_labels, rejected, rejected_labels) in enumerate(pairs):
+        scores.sequence(chosen, chosen_labels, i, int, i, 2 * n + i if whole_chosen else None)
+        scores.sequence(rejected, rejected_labels, n + i, int, n + i, None)
+    batch = padded([(c, cl) for c, cl, _, _ in pairs] + [(r, rl) for _, _, r, rl in pairs], pad_id, pad_to)
+    del batch["labels"]
+    return {**batch, **scores.tensors()}
+
+
+def shared_rows(samples: list[Any], pad_id: int, attention: str, whole_chosen: bool, device: Any) -> dict | None:
+    """One row a pair, ``prompt + chosen + rejected``, with its position ids and mask (built on ``device``);
+    None when a pair's two sequences do not start with the same prompt."""
+    pairs = [sequences(sample) for sample in samples]
+    prompts = [prompt_length(chosen_labels) for _, chosen_labels, _, _ in pairs]
+    for (chosen, _, rejected, rejected_labels), p in zip(pairs, prompts, strict=True):
+        if prompt_length(rejected_labels) != p or chosen[:p] != rejected[:p]:
+            return None
+    n = len(pairs)
+    length = max(len(chosen) + len(rejected) - p for (chosen, _, rejected, _), p in zip(pairs, prompts, strict=True))
+    ids = torch.full((n, length), pad_id, dtype=torch.long)
+    positions = torch.zeros((n, length), dtype=torch.long)
+    segments = torch.full((n, length), PADDING, dtype=torch.long)
+    scores = Scores(3 * n if whole_chosen else 2 * n)
+    for i, ((chosen, chosen_labels, rejected, rejected_labels), p) in enumerate(zip(pairs, prompts, strict=True)):
+        c, end = len(chosen), len(chosen) + len(rejected) - p
+        ids[i, :end] = torch.tensor(chosen + rejected[p:])
+        positions[i, :c] = torch.arange(c)
+        positions[i, c:end] = torch.arange(p, len(rejected))
+        positions[i, end:] = torch.arange(length - end)
+        segments[i, :p], segments[i, p:c], segments[i, c:end] = PROMPT, CHOSEN, REJECTED
+        scores.sequence(chosen, chosen_labels, i, int, i, 2 * n + i if whole_chosen else None)
+        scores.sequence(rejected, rejected_labels, i, lambda j, p=p, c=c: j if j < p else c + j - p, n + i, None)
+    mask = document_mask(segments.to(device or "cpu"), attention, prefix=PROMPT)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **scores.tensors()}
