@@ -52,7 +52,8 @@ def _rows(synthetic: bool, lengths: Lengths | None, packed: bool, pairs: Pairs |
     if pairs:
         return (
             f"random-token preference pairs: a prompt of {pairs[0]} tokens, chosen and rejected answers of "
-            f"{pairs[1]} each, both sequences of a pair in one forward; tokens count both"
+            f"{pairs[1]} each, both sequences of a pair in one forward; tokens count both sequences, the prompt "
+            "in each, whether or not the forward computes it once"
         )
     if lengths:
         median, cap, peer_micro = lengths
@@ -167,6 +168,7 @@ def measure(
     data = trainer.load_data(synthetic, total, lengths, pairs)
     if pairs:  # a pair is two sequences, its prompt in each
         report["tokens_per_step"] = data.train.tokens_per_step
+        report["pairs_per_step"] = data.train.rows_per_step
     if peer == "trl":
         from ktrain.bench import trl_peer
 

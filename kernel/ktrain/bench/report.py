@@ -53,6 +53,11 @@ def describe_report(report: dict[str, Any]) -> str:
             f"{_fmt_ms(split.get('optimizer')):>9} {side['first_loss']:>7.3f} {side['padding']:>7.1%}"
         )
     lines.append("tokens/s counts the samples' tokens; padding is the share of the computed positions that are padding")
+    if report.get("pairs_per_step"):  # --pairs: a pair's tokens are both its sequences'
+        per_pair = tokens / report["pairs_per_step"]
+        sides = (("ktrain", report["ktrain"]), ("peer", report["peer"]))
+        rates = [f"{name} {side['tokens_per_s'] / per_pair:,.1f}" for name, side in sides if side]
+        lines.append(f"pairs/s ({per_pair:,.0f} tokens a pair): " + ", ".join(rates))
     if report.get("peer_setup"):
         lines.append(f"peer: {report['peer_setup']}")
     lines.extend(f"Axolotl's YAML: {difference}" for difference in report.get("peer_differences", []))
