@@ -22,7 +22,7 @@ plus it), then, with ``whole_chosen`` (ORPO's NLL), each chosen sequence's promp
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -69,34 +69,31 @@ class Scores:
     """The scored tokens of a micro-batch, gathered group by group in the order of their places."""
 
     def __init__(self, groups: int):
-        self.at: list[list[int]] = [[], [], []]
-        self.slots: list[list[int]] = [[], []]
+        self.parts: list[torch.Tensor] = []
         self.counts = [0] * groups
 
     def sequence(
-        self, ids: list[int], labels: list[int], row: int, place: Callable[[int], int], group: int, prompt: int | None
+        self, ids: list[int], labels: list[int], row: int, places: torch.Tensor, group: int, prompt: int | None
     ) -> None:
-        """Score the labelled tokens of a sequence in ``row`` (``place``: its index to the row's position) in
-        ``group``, and with ``prompt`` its other tokens after the first in that group."""
-        for j in range(1, len(ids)):
-            if labels[j] != IGNORE:
-                self._add(group, row, place(j - 1), labels[j])
-            elif prompt is not None:
-                self._add(prompt, row, place(j - 1), ids[j])
+        """Score the labelled tokens of a sequence in ``row`` (``places``: each of its tokens' position in the row)
+        in ``group``, and with ``prompt`` its other tokens after the first in that group."""
+        targets, ids_after = torch.tensor(labels[1:], dtype=torch.long), torch.tensor(ids[1:], dtype=torch.long)
+        scored = targets != IGNORE
+        self._add(group, row, places[:-1][scored], targets[scored])
+        if prompt is not None:
+            self._add(prompt, row, places[:-1][~scored], ids_after[~scored])
 
-    def _add(self, group: int, row: int, position: int, target: int) -> None:
-        for values, value in zip(self.at, (row, position, target), strict=True):
-            values.append(value)
-        self.slots[0].append(group)
-        self.slots[1].append(self.counts[group])
-        self.counts[group] += 1
+    def _add(self, group: int, row: int, positions: torch.Tensor, targets: torch.Tensor) -> None:
+        n = len(positions)
+        slots = torch.arange(self.counts[group], self.counts[group] + n)
+        self.parts.append(
+            torch.stack([torch.full_like(positions, row), positions, targets, torch.full_like(slots, group), slots])
+        )
+        self.counts[group] += n
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {
-            "logps_at": torch.tensor(self.at, dtype=torch.long).reshape(3, -1),
-            "logps_slots": torch.tensor(self.slots, dtype=torch.long).reshape(2, -1),
-            "answer_tokens": torch.tensor(self.counts, dtype=torch.long),
-        }
+        scored = torch.cat(self.parts, dim=1) if self.parts else torch.zeros((5, 0), dtype=torch.long)
+        return {"logps_at": scored[:3], "logps_slots": scored[3:], "answer_tokens": torch.tensor(self.counts)}
 
 
 def padded(sequences: Sequences, pad_id: int, pad_to: int | None) -> dict[str, torch.Tensor]:
@@ -120,8 +117,8 @@ def two_rows(samples: list[Any], pad_id: int, pad_to: int | None, whole_chosen: 
     n = len(pairs)
     scores = Scores(3 * n if whole_chosen else 2 * n)
     for i, (chosen, chosen_labels, rejected, rejected_labels) in enumerate(pairs):
-        scores.sequence(chosen, chosen_labels, i, int, i, 2 * n + i if whole_chosen else None)
-        scores.sequence(rejected, rejected_labels, n + i, int, n + i, None)
+        scores.sequence(chosen, chosen_labels, i, torch.arange(len(chosen)), i, 2 * n + i if whole_chosen else None)
+        scores.sequence(rejected, rejected_labels, n + i, torch.arange(len(rejected)), n + i, None)
     batch = padded([(c, cl) for c, cl, _, _ in pairs] + [(r, rl) for _, _, r, rl in pairs], pad_id, pad_to)
     del batch["labels"]
     return {**batch, **scores.tensors()}
@@ -148,7 +145,7 @@ def shared_rows(samples: list[Any], pad_id: int, attention: str, whole_chosen: b
         positions[i, c:end] = torch.arange(p, len(rejected))
         positions[i, end:] = torch.arange(length - end)
         segments[i, :p], segments[i, p:c], segments[i, c:end] = PROMPT, CHOSEN, REJECTED
-        scores.sequence(chosen, chosen_labels, i, int, i, 2 * n + i if whole_chosen else None)
-        scores.sequence(rejected, rejected_labels, i, lambda j, p=p, c=c: j if j < p else c + j - p, n + i, None)
+        scores.sequence(chosen, chosen_labels, i, torch.arange(c), i, 2 * n + i if whole_chosen else None)
+        scores.sequence(rejected, rejected_labels, i, torch.cat([torch.arange(p), torch.arange(c, end)]), n + i, None)
     mask = document_mask(segments.to(device or "cpu"), attention, prefix=PROMPT)
     return {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **scores.tensors()}
