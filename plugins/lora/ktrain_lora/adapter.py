@@ -14,6 +14,7 @@ import peft
 import torch
 
 from ktrain.config.report import ConfigError
+from ktrain_lora.fused_forward import install
 from ktrain_lora.keys import quantization_bits
 from ktrain_lora.quantization import keep_training_layout
 
@@ -106,6 +107,8 @@ def attach(model: torch.nn.Module, config: Any) -> peft.PeftModel:
     for param in wrapped.parameters():
         if param.requires_grad and param.dtype != torch.float32:
             param.data = param.data.float()
+    if config.lora_fused_forward:
+        install(wrapped)
     return wrapped
 
 

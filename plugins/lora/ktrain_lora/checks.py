@@ -59,7 +59,7 @@ def _check_without_adapter(config: Any, report: Any) -> None:
             report.error(
                 name, f"a {bits} base cannot be trained in full; add adapter: {wanted} to train an adapter on it"
             )
-    for name in (*SHAPE_KEYS, "lora_model_dir", "bnb_config_kwargs"):
+    for name in (*SHAPE_KEYS, "lora_model_dir", "bnb_config_kwargs", "lora_fused_forward"):
         if config.is_set(name):
             report.warn(name, "has no effect without an adapter; add adapter: lora (or qlora)")
 

@@ -56,6 +56,11 @@ class LoraKeys:
     lora_model_dir: str | None = key(None, "adapter folder to continue training (an earlier run's final/)")
     peft_use_dora: bool = key(False, "DoRA: a trained magnitude per output feature beside the LoRA direction")
     peft_use_rslora: bool = key(False, "rank-stabilized LoRA: scale by alpha / sqrt(r)")
+    lora_fused_forward: bool = key(
+        True,
+        "compute a LoRA layer's update, its scale and the sum with the base's output as one matrix multiply "
+        "(torch.addmm) where the layer has one adapter without dropout or DoRA; false: peft's forward",
+    )
 
 
 # Keys that describe a new adapter; an adapter loaded from lora_model_dir brings its own.

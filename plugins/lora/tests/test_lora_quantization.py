@@ -43,6 +43,7 @@ def _qlora(root: Path) -> torch.nn.Module:
         lora_modules_to_save=None,
         peft_use_dora=False,
         peft_use_rslora=False,
+        lora_fused_forward=True,
     )
     model = attach(base, keys)
     with torch.no_grad():  # a trained adapter (B starts at zero, which would hide the base's gradient path)

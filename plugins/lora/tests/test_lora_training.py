@@ -214,6 +214,17 @@ def test_qlora_under_fsdp2_with_cpu_ram_efficient_loading_matches_one_process(ql
     _assert_merged_matches(qlora_run, run / "m", qlora_run / "out" / "final", NF4)
 
 
+def test_qlora_with_peft_forward_gives_the_fused_forward_losses(qlora_run: Path) -> None:
+    """``lora_fused_forward: false`` (peft's forward in every LoRA layer): the fixture's losses, fp32."""
+    config = write_config(qlora_run, "peft.yaml", **QLORA, lora_fused_forward=False, output_dir=str(qlora_run / "peft"))
+    done = ktrain("run", str(config))
+    assert done.returncode == 0, done.stderr
+    expected, got = records(qlora_run / "out"), records(qlora_run / "peft")
+    assert got.keys() == expected.keys() == set(range(1, 7))
+    for step in expected:  # only the rounding of the adapter's scale and sum differs
+        assert got[step] == pytest.approx(expected[step], rel=1e-5), step
+
+
 def test_generate_answers_with_the_qlora_adapter_on_its_4bit_base(qlora_run: Path) -> None:
     done = ktrain("generate", str(qlora_run / "out"), "What is 12+34?")
     assert done.returncode == 0, done.stderr

@@ -1,0 +1,154 @@
+"""The fused LoRA forward (``ktrain_lora.fused_forward``) against peft's own, on the tiny Llama on CPU.
+
+One model of each kind (plain LoRA on an fp32 base, QLoRA on a 4-bit base) is built per module; each test
+computes the loss and the adapter's gradients with peft's forward, installs the fused one on the same
+model, and computes them again. A ``TorchFunctionMode`` counts the ``torch.addmm`` calls, which only the
+fused path makes: the fallbacks must make none.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import peft
+import pytest
+import torch
+import transformers
+from torch.overrides import TorchFunctionMode
+
+from ktrain.testing import model_dir
+from ktrain_lora.adapter import attach
+from ktrain_lora.fused_forward import install
+
+LAYERS = 2 * 7  # adapted linear layers of the tiny Llama: q, k, v, o, gate, up, down in 2 blocks
+
+
+class _Addmm(TorchFunctionMode):
+    """Counts the ``torch.addmm`` calls made at the Python level."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.calls += func is torch.addmm
+        return func(*args, **(kwargs or {}))
+
+
+def _keys(adapter: str, **overrides: object) -> types.SimpleNamespace:
+    keys = {
+        "adapter": adapter,
+        "qlora": False,
+        "load_in_4bit": False,
+        "load_in_8bit": False,
+        "lora_model_dir": None,
+        "lora_r": 8,
+        "lora_alpha": 16,
+        "lora_dropout": 0.0,
+        "lora_target_modules": None,
+        "lora_target_parameters": None,
+        "lora_target_linear": True,
+        "lora_modules_to_save": None,
+        "peft_use_dora": False,
+        "peft_use_rslora": False,
+        "lora_fused_forward": False,
+    }
+    return types.SimpleNamespace(**{**keys, **overrides})
+
+
+def _model(root: Path, adapter: str, **keys: object) -> peft.PeftModel:
+    """The tiny Llama with an adapter (peft's forward), its ``lora_B`` drawn away from zero as after training."""
+    config = transformers.AutoConfig.from_pretrained(root / "model")
+    torch.manual_seed(0)
+    base = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if adapter == "qlora":
+        quantization = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32)
+        base = type(base).from_pretrained(
+            None, config=config, state_dict=base.state_dict(), quantization_config=quantization
+        )
+    model = attach(base, _keys(adapter, **keys)).train()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.02, generator=torch.Generator().manual_seed(len(name)))
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("fused")
+    model_dir(root)
+    return root
+
+
+IDS = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
+
+
+def _step(model: torch.nn.Module, autocast: bool = False) -> tuple[float, dict[str, torch.Tensor], int]:
+    """Loss, the adapter's gradients, and how many ``addmm`` calls the forward and backward made."""
+    model.zero_grad(set_to_none=True)
+    with _Addmm() as counter, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = model(input_ids=IDS, labels=IDS).loss
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    return loss.item(), grads, counter.calls
+
+
+@contextmanager
+def _peft_forward(model: torch.nn.Module) -> Iterator[None]:
+    """peft's forward for the duration (the fused forward is an attribute of each layer)."""
+    layers = [m for m in model.modules() if "forward" in vars(m)]
+    for layer in layers:
+        del layer.forward
+    yield
+    install(model)
+
+
+@pytest.mark.parametrize("adapter", ["lora", "qlora"])
+def test_the_fused_forward_gives_peft_losses_and_gradients(tiny: Path, adapter: str) -> None:
+    model = _model(tiny, adapter)
+    loss, grads, calls = _step(model)
+    assert calls == 0
+    assert install(model) == LAYERS
+    fused_loss, fused_grads, calls = _step(model)
+    assert calls == LAYERS  # one addmm a layer; its backward is autograd's
+    assert fused_loss == pytest.approx(loss, rel=1e-6)
+    assert fused_grads.keys() == grads.keys()
+    for name, grad in grads.items():  # fp32: only the rounding of the scale and the sum differ
+        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    # Under bf16 autocast the input is not cast to fp32 and back; the fused sum rounds once instead of three times.
+    fused_loss, fused_grads, calls = _step(model, autocast=True)
+    assert calls == LAYERS
+    with _peft_forward(model):
+        loss, grads, _ = _step(model, autocast=True)
+    assert fused_loss == pytest.approx(loss, rel=1e-2)
+    for name, grad in grads.items():
+        assert torch.nn.functional.cosine_similarity(fused_grads[name].flatten(), grad.flatten(), dim=0) > 0.99, name
+
+
+def test_peft_forward_runs_where_the_fused_one_cannot(tiny: Path) -> None:
+    """Adapters disabled (a preference reference), merged weights, two active adapters, dropout, DoRA."""
+    model = _model(tiny, "lora", lora_fused_forward=True)
+    torch.manual_seed(0)
+    base = transformers.AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+    with torch.no_grad(), _Addmm() as counter:
+        fused = model(input_ids=IDS).logits
+        assert counter.calls == LAYERS
+        with model.disable_adapter():
+            torch.testing.assert_close(model(input_ids=IDS).logits, base(input_ids=IDS).logits, rtol=0, atol=0)
+        model.merge_adapter()
+        torch.testing.assert_close(model(input_ids=IDS).logits, fused, rtol=1e-4, atol=1e-5)
+        model.unmerge_adapter()
+        assert counter.calls == LAYERS
+        model.add_adapter("other", peft.LoraConfig(r=4, target_modules=["q_proj"]))
+        model.base_model.set_adapter(["default", "other"])
+        model(input_ids=IDS)
+        assert counter.calls == 2 * LAYERS - 2  # the layers without "other" still fuse; the two q_proj do not
+    for keys in ({"lora_dropout": 0.1}, {"peft_use_dora": True}):
+        with torch.no_grad(), _Addmm() as counter:
+            _model(tiny, "lora", lora_fused_forward=True, **keys)(input_ids=IDS)
+        assert counter.calls == 0, keys
