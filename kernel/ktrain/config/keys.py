@@ -256,6 +256,7 @@ PLUGIN_KEYS: dict[str, tuple[str, ...]] = {
         "lora_model_dir",
         "peft_use_dora",
         "peft_use_rslora",
+        "lora_fused_forward",
         "bnb_config_kwargs",
     ),
     "ktrain-plugin-liger": (
