@@ -22,6 +22,9 @@ PLAN_CALL = "h200-2026-12-04-plan/peaks.jsonl"
 """One call of tools/device/plan_measure.sh: a JSON report a line, named by its config."""
 PLAN_CALL2 = "h200-2026-12-04-plan2/peaks.jsonl"
 """A second call, of the 1.5B configs the first did not reach (its command in that folder's log.txt)."""
+PLAN_CALL3 = "h200-2026-12-04-plan3/peaks.jsonl"
+"""A third call: ZeRO-2, both 8B QLoRA configs, and the FSDP2 config with checkpointing with compiled blocks and
+bf16 weights each switched off (a line ``CONFIG@KEY=VALUE`` a run with ``--set KEY=VALUE``; command in log.txt)."""
 ROWS = [  # config, --set values, report (its ktrain.peak_memory_gib; FILE#NAME: the line NAME of a JSONL file)
     ("llama_1p5b", [], "h200-2026-12-04-fast/llama_1p5b.json"),
     ("llama_1p5b", ["gradient_checkpointing=true"], "h200-2026-12-04-fast/llama_1p5b_ckpt.json"),
@@ -36,10 +39,19 @@ ROWS = [  # config, --set values, report (its ktrain.peak_memory_gib; FILE#NAME:
     ("llama_1p5b_liger_master", [], f"{PLAN_CALL2}#llama_1p5b_liger_master"),
     ("llama_1p5b_compile_master", [], f"{PLAN_CALL2}#llama_1p5b_compile_master"),
     ("llama_1p5b_packed", [], f"{PLAN_CALL2}#llama_1p5b_packed"),
+    ("llama_1p5b_zero2", [], f"{PLAN_CALL3}#llama_1p5b_zero2"),
+    ("llama_8b_qlora", [], f"{PLAN_CALL3}#llama_8b_qlora"),
+    ("llama_8b_qlora_liger", [], f"{PLAN_CALL3}#llama_8b_qlora_liger"),
+    (
+        "llama_1p5b_fsdp2_liger_ac",
+        ["torch_compile=false"],
+        f"{PLAN_CALL3}#llama_1p5b_fsdp2_liger_ac@torch_compile=false",
+    ),
+    ("llama_1p5b_fsdp2_liger_ac", ["bfloat16=false"], f"{PLAN_CALL3}#llama_1p5b_fsdp2_liger_ac@bfloat16=false"),
 ]
 """Runs of the configs as written on the H200, the GPU defaults resolved (ktrain.config.fast_defaults)."""
-UNEXPLAINED = ("llama_1p5b_fsdp2_liger_ac",)
-"""Rows of ``ROWS`` outside ±10% whose cause is not found: FSDP2's activation checkpointing of compiled blocks."""
+UNEXPLAINED: tuple[str, ...] = ()
+"""Rows of ``ROWS`` outside ±10% whose cause is not found (as the table prints them): none."""
 EARLIER_ROWS = [
     ("llama_1p5b", [], "h200-2026-12-02/llama_1p5b.json"),
     ("llama_1p5b", ["fsdp_version=2"], "h200-2026-12-02/llama_1p5b_fsdp2.json"),

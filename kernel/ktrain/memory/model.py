@@ -5,10 +5,11 @@ The plugins answer ``ktrain_collect_memory(config, mesh, model_shape)`` (vocabul
 bases), tensor parallelism, the optimizer, the sharding, then the activations. An active plugin that
 claims a role and gives no answer is listed as not modelled: its effect on memory is missing.
 
-The peak is the largest of three moments of a step after the first, each over the parameters, the
-optimizer's states and the sharding's buffers: the loss's backward (every saved activation and the
-logits' 12 bytes each), the first checkpointed block rebuilt (the saved activations and that block),
-and the end of backward (the gradients). Under gradient accumulation the gradients of earlier
+The peak is the largest of three moments of a step after the first, each over the parameters and the
+optimizer's states: the loss's backward (the sharding's buffers, every saved activation and the logits'
+12 bytes each), the first checkpointed block rebuilt (the buffers, the saved activations and that block),
+and the end of backward (the gradients and what the sharding holds then: its buffers, or FSDP2's last
+reduce-scatter). Under gradient accumulation the gradients of earlier
 micro-batches are held at all three. Under autocast a frozen linear weight of a wider dtype (an adapter's
 fp32 base) is cast in every forward, and its cast is kept for the backward: counted with the activations.
 """
@@ -52,9 +53,13 @@ class Prediction:
     def peak(self) -> int:
         """Bytes allocated at the step's peak."""
         s = self.states
-        base = s.parameters + s.optimizer + s.buffers + (s.gradients if self.accumulation else 0)
+        base = s.parameters + s.optimizer + (s.gradients if self.accumulation else 0)
         a = self.activations
-        moments = (a.saved + self.logits, a.saved + a.rebuilt, 0 if self.accumulation else s.gradients)
+        moments = (
+            s.buffers + a.saved + self.logits,
+            s.buffers + a.saved + a.rebuilt,
+            s.end_of_backward + (0 if self.accumulation else s.gradients),
+        )
         return base + max(moments)
 
     @property
@@ -70,6 +75,7 @@ class Prediction:
             ("gradients", s.gradients),
             ("optimizer states", s.optimizer),
             ("communication buffers", s.buffers),
+            ("last gradient reduce", s.last_reduce or 0),
             ("activations", self.activations.saved),
             ("recomputed block", self.activations.rebuilt),
             ("logits", self.logits),

@@ -99,8 +99,10 @@ class OptimizerModel:
 class ModelStates:
     """What one rank holds of the model's state, in bytes; ``host`` holds what is offloaded to CPU memory.
 
-    ``buffers`` are the sharding's communication and gather buffers at the peak (DDP's gradient buckets,
-    FSDP's all-gathered units, ZeRO's reduce buckets).
+    ``buffers`` are the sharding's communication and gather buffers during forward and backward (DDP's
+    gradient buckets, FSDP's all-gathered units, ZeRO's reduce buckets); ``last_reduce``, when not None, is
+    what it holds beside the gradients at the end of backward in their place (FSDP2's reduce-scatter of its
+    root unit, whose weights are gathered no more).
     """
 
     parameters: int
@@ -108,6 +110,12 @@ class ModelStates:
     optimizer: int
     buffers: int = 0
     host: dict[str, int] = attrs.Factory(dict)
+    last_reduce: int | None = None
+
+    @property
+    def end_of_backward(self) -> int:
+        """Bytes the sharding holds beside the gradients at the end of backward."""
+        return self.buffers if self.last_reduce is None else self.last_reduce
 
 
 class WeightsModel(Protocol):
