@@ -1,12 +1,13 @@
 """A preference run's part of one rank's memory model: the plugin's answer to ``ktrain_collect_memory``.
 
 No torch here. A pair's chosen and rejected sequences share one forward, so the blocks hold the activations
-of twice the micro-batch's rows (KTO's unpaired samples: once). DPO and IPO against a live reference without
-an adapter keep a frozen copy of the model as loaded, whole on every rank; with an adapter the reference is
-the base with the adapter off (no copy), and ORPO, SimPO and precomputed reference log-probabilities need
-none. The answers' log-probabilities are computed a chunk of logits at a time (``ktrain_preference.logps``):
-the loss's backward holds one chunk's fp32 logits, their log-softmax and their gradient, not the whole
-micro-batch's logits.
+of twice the micro-batch's rows (KTO's unpaired samples: once): an upper bound where a pair's prompt is
+computed once for both answers (``ktrain_preference.layout``), its row then holding the prompt once. DPO
+and IPO against a live reference without an adapter keep a frozen copy of the model as loaded, whole on
+every rank; with an adapter the reference is the base with the adapter off (no copy), and ORPO, SimPO and
+precomputed reference log-probabilities need none. The answers' log-probabilities are computed a chunk of
+logits at a time (``ktrain_preference.logps``): the loss's backward holds one chunk's fp32 logits, their
+log-softmax and their gradient, not the whole micro-batch's logits.
 """
 
 from __future__ import annotations
