@@ -48,7 +48,7 @@ def shared_attention(model: Any) -> str | None:
     attention = getattr(config, "_attn_implementation", None) or "sdpa"
     text = config.get_text_config()
     windowed = any(kind != "full_attention" for kind in getattr(text, "layer_types", None) or ())
-    if attention not in SHARED_ATTENTION or text.model_type not in SHARED_MODELS or windowed:
+    if attention not in SHARED_ATTENTION or config.model_type not in SHARED_MODELS or windowed:
         return None
     return attention
 
