@@ -4,6 +4,7 @@ layout is kept."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,8 +14,11 @@ from ktrain.data.examples import Example
 from ktrain.testing.assets import TINY_LLAMA
 from ktrain_preference import layout
 from ktrain_preference.logps import add_logps_head, token_logps
-from ktrain_preference.objective import answer_sums, model_inputs
+from ktrain_preference.objective import PairObjective, answer_sums, model_inputs
 from ktrain_preference.pairs import pair_sample
+
+# The preference keys of a DPO config, as PairObjective reads them.
+KEYS = {"rl": "dpo", "rl_beta": 0.1, "orpo_alpha": None, "simpo_gamma": 0.5, "cpo_alpha": 1.0, "dpo_label_smoothing": 0}
 
 
 def tiny(model_type: str, attention: str) -> Any:
@@ -84,12 +88,15 @@ def test_flex_block_mask_allows_what_the_sdpa_mask_allows() -> None:
     assert dense[0, 0, 9:, 5:9].sum() == 0 and dense[0, 0, 9:, :5].all()  # rejected sees the prompt, not chosen
 
 
-def test_two_rows_where_the_prompts_differ_or_the_attention_takes_no_mask() -> None:
+def test_two_rows_where_the_prompts_differ_the_shapes_are_fixed_or_the_attention_takes_no_mask() -> None:
     model = tiny("llama", "sdpa")
     pairs = samples(model.config.vocab_size)
     ids, labels = list(pairs[1].input_ids), list(pairs[1].labels)
     ids[len(ids) - 3] += 1  # the rejected sequence's prompt (3 tokens, then 2 answer tokens) differs
     assert layout.shared_rows([pairs[0], Example(ids, labels)], 0, "sdpa", False, None) is None
+    objective = PairObjective(SimpleNamespace(**KEYS), None, "cpu", True, "sdpa")
+    assert objective.collate([[p] for p in pairs], 0, None, None, None)["input_ids"].shape == (3, 15)
+    assert objective.collate([[p] for p in pairs], 0, 32, None, None)["input_ids"].shape == (6, 32)  # pad_to
     model.config._attn_implementation = "flash_attention_2"
     assert layout.shared_attention(model) is None
     windowed = tiny("qwen2", "sdpa")
