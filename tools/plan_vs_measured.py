@@ -67,25 +67,50 @@ EARLIER_ROWS = [
 """Runs from before the GPU defaults: predicted without them."""
 
 
-def measured_gib(report: str) -> float:
-    """The ktrain side's peak of ``report`` (a JSON file, or ``FILE#NAME`` for a line of a JSONL file)."""
+LIGER_BLOCK_KEYS = ("liger_rope", "liger_rms_norm", "liger_glu_activation")
+"""ktrain-plugin-liger's kernels inside the blocks."""
+
+
+def read_report(report: str) -> dict:
+    """The ``ktrain bench`` report ``report`` (a JSON file, or ``FILE#NAME`` for a line of a JSONL file)."""
     path, _, name = report.partition("#")
     text = (REPO / "docs" / "results" / path).read_text(encoding="utf-8")
     reports = [json.loads(line) for line in text.splitlines()] if name else [json.loads(text)]
-    return next(r for r in reports if r.get("name", name) == name)["ktrain"]["peak_memory_gib"]
+    return next(r for r in reports if r.get("name", name) == name)
+
+
+def as_measured(report: dict) -> list[str]:
+    """``--set`` values that keep a GPU default introduced after ``report``'s run from changing the run predicted:
+    compiled blocks as it ran them, Liger's block kernels off where it ran without ktrain-plugin-liger."""
+    plugins = report.get("plugins")
+    if plugins is None:
+        return []
+    sets = [f"torch_compile={'true' if 'ktrain-plugin-compile' in plugins else 'false'}"]
+    return sets + ([f"{k}=false" for k in LIGER_BLOCK_KEYS] if "ktrain-plugin-liger" not in plugins else [])
 
 
 def compare(rows: list[tuple[str, list[str], str]], device: str | None) -> list[tuple[str, float, float, str]]:
     """(config as run, predicted GiB, measured GiB, what is not modelled) for each of ``rows``, the GPU defaults
-    resolved when ``device`` is ``"cuda"``."""
+    resolved when ``device`` is ``"cuda"`` (as the run took them: ``as_measured``).
+
+    Raises ``ValueError`` when the prediction activates other plugins than the report's run did (a GPU default
+    changed since): the row then needs the ``--set`` values of that run.
+    """
     out = []
-    for name, sets, report in rows:
+    for name, sets, path in rows:
+        report = read_report(path)
         config = REPO / "configs" / "bench" / f"{name}.yaml"
         data = [] if "dpo" in name else ["datasets=[{path: .}]"]
-        plan = prepare(config, [*sets, *data], world_size=1, device=device, capability=(9, 0) if device else None)
-        prediction = predict(plan.config, plan.mesh, plan.plugins)
+        pinned = as_measured(report) if device else []
+        capability = (9, 0) if device else None
+        plan = prepare(config, [*pinned, *sets, *data], world_size=1, device=device, capability=capability)
         shown = name + "".join(f" --set {s}" for s in sets)
-        out.append((shown, prediction.peak / GIB, measured_gib(report), ", ".join(prediction.not_modelled)))
+        active = sorted({a.plugin.distribution for a in plan.plugins.activations if not a.default})
+        if report.get("plugins") is not None and active != sorted(report["plugins"]):
+            raise ValueError(f"{shown}: predicted with {active}, measured with {sorted(report['plugins'])}")
+        prediction = predict(plan.config, plan.mesh, plan.plugins)
+        peak = report["ktrain"]["peak_memory_gib"]
+        out.append((shown, prediction.peak / GIB, peak, ", ".join(prediction.not_modelled)))
     return out
 
 
