@@ -66,7 +66,8 @@ def test_a_cpu_run_keeps_the_keys_as_written_and_check_lists_the_gpu_choices(wri
 def test_a_written_key_switches_its_default_off(write) -> None:
     config = prepare(write("torch_compile: false\nbfloat16: false\n"), device="cuda", capability=(9, 0)).config
     assert _fast(config) == (False, "adamw_torch_fused", False, True)
-    assert [c.key for c in fast_defaults.applied(config)] == ["fused_linear_cross_entropy"]
+    liger = ["liger_rope", "liger_rms_norm", "liger_glu_activation"]  # Liger's kernels where blocks are not compiled
+    assert [c.key for c in fast_defaults.applied(config)] == [*liger, "fused_linear_cross_entropy"]
 
 
 @pytest.mark.parametrize(
@@ -76,7 +77,10 @@ def test_a_written_key_switches_its_default_off(write) -> None:
         (["optimizer=sgd"], {"torch_compile", "fused_linear_cross_entropy"}),
         (["deepspeed={zero_optimization: {stage: 2}}"], {"torch_compile", "fused_linear_cross_entropy"}),
         (["liger_fused_linear_cross_entropy=true"], {"torch_compile", "bfloat16"}),
-        (["adapter=qlora", "load_in_4bit=true"], {"fused_linear_cross_entropy"}),
+        (
+            ["adapter=qlora", "load_in_4bit=true"],
+            {"fused_linear_cross_entropy", "liger_rope", "liger_rms_norm", "liger_glu_activation"},
+        ),
         (["tensor_parallel_size=2"], {"bfloat16"}),
         (["bf16=false"], {"torch_compile", "fused_linear_cross_entropy"}),
     ],

@@ -17,8 +17,10 @@ import transformers
 from safetensors import safe_open
 from torch._dynamo.utils import counters
 
+from ktrain.config.plan import load_plugins_and_config
 from ktrain.testing import dataset, ktrain, model_dir, write_config
 from ktrain.testing import read_metrics as records
+from ktrain_compile.keys import _compile_unless
 from ktrain_compile.runtime import BlockCompiler
 
 TINY = {
@@ -135,3 +137,19 @@ def test_bad_keys_stop_before_training(root: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "torch_compile_backend: torch.compile has no backend 'nonesuch'" in done.stderr
     assert not (root / "out" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("keys", "why"),
+    [
+        ({}, None),
+        ({"adapter": "qlora"}, "a quantized base"),
+        ({"liger_rms_norm": True}, "Liger's kernels are asked for in the blocks"),
+        ({"liger_swiglu": True}, "Liger's kernels are asked for in the blocks"),
+        ({"liger_rope": False}, None),
+    ],
+)
+def test_compiled_blocks_are_the_gpu_default_unless(root: Path, keys: dict, why: str | None) -> None:
+    """Not over a quantized base, nor beside Liger's block kernels (which fuse the same work, faster)."""
+    _, config = load_plugins_and_config(write_config(root, bf16=True, **keys), [])
+    assert _compile_unless(config, (9, 0)) == why
