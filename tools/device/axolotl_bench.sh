@@ -13,7 +13,9 @@
 #   Axolotl's callbacks, unused without wandb_project) and Pillow (Axolotl's config imports PIL.Image.Resampling for its
 #   image settings) are replaced by stand-ins where missing: their wheels (llvmlite alone 60 MB) do not fit in
 #   what a device call carries.)
-# WHEELS, CONFIGS ("NAME:WEIGHTS[:EXTRA --set ...]" items), BENCH_ARGS, BENCH_TIMEOUT (s) choose what runs.
+# WHEELS, CONFIGS ("NAME:WEIGHTS[:KEY=VALUE]" items: beside Axolotl), ALONE (items of ktrain alone, after them),
+# PROFILE (one item: 3 steps of ktrain's side profiled, to $OUT/b/profile_NAME.txt), BENCH_ARGS, BENCH_TIMEOUT
+# (s; each run's, cut to what is left of DEADLINE, the seconds from the start for all of them) choose what runs.
 set -u
 W=${WHEELS:-.device/axolotl_whl}
 ALWAYS="pluggy attrs cattrs ruamel_yaml liger_kernel torchao bitsandbytes axolotl axolotl_contribs_mit axolotl_contribs_lgpl
@@ -49,16 +51,29 @@ python -c "import torch, transformers, peft, accelerate, trl, datasets, axolotl;
 if ! python -c "import axolotl.cli.train, axolotl.core.builders, axolotl.utils.callbacks" > /tmp/import.txt 2>&1; then
   echo "axolotl does not import:"; grep -v Warning /tmp/import.txt | tail -6; exit 3
 fi
-for item in ${CONFIGS:-llama_1p5b:llama_1p5b llama_8b_qlora:llama_8b llama_1p5b:llama_1p5b:gradient_checkpointing=true}; do
-  IFS=: read -r c weights extra <<< "$item"
-  tag=$c${extra:+_ckpt}
+bench() {  # ITEM [ARGS...]: one `ktrain bench` of configs/bench/NAME.yaml on the weights of WEIGHTS, to $OUT/b/TAG.*
+  IFS=: read -r c weights extra <<< "$1"; shift
+  tag=$c  # global: the caller reads the run's files by it
+  [ -z "$extra" ] || { [ "$extra" = gradient_checkpointing=true ] && tag=${c}_ckpt || tag=${c}_${extra//[=.]/_}; }
+  [[ " $* " == *" --profile "* ]] && tag=profile_$tag
+  local limit=$(( ${DEADLINE:-100000} - SECONDS )); [ "$limit" -gt "${BENCH_TIMEOUT:-240}" ] && limit=${BENCH_TIMEOUT:-240}
+  [ "$limit" -gt 10 ] || { echo "$tag: no time left"; return; }
   if [ ! -d "/tmp/w_$weights" ]; then
     timeout 200 python tools/device/random_weights.py "configs/bench/$weights" "/tmp/w_$weights" 2>&1 | tail -1
   fi
-  timeout ${BENCH_TIMEOUT:-240} ktrain bench "configs/bench/$c.yaml" --peer axolotl ${BENCH_ARGS:---warmup 3 --steps 10} \
-    --set base_model=/tmp/w_$weights --set random_init_weights=false ${extra:+--set $extra} \
-    --json "$OUT/b/$tag.json" > "$OUT/b/$tag.txt" 2>&1
+  timeout "$limit" ktrain bench "configs/bench/$c.yaml" "${@//TAG/$tag}" --set base_model=/tmp/w_$weights \
+    --set random_init_weights=false ${extra:+--set $extra} > "$OUT/b/$tag.txt" 2>&1
   rc=$?; echo "$(date +%T) $tag rc=$rc"
   tr '\r' '\n' < "$OUT/b/$tag.txt" | grep -E "^(ktrain|peer|Axolotl's YAML|device while)" | grep -v "^ktrain bench" | cut -c1-220
   [ $rc -eq 0 ] || tr '\r' '\n' < "$OUT/b/$tag.txt" | grep -v -i "warn" | tail -8 | cut -c1-300
+}
+for item in ${CONFIGS:-llama_1p5b:llama_1p5b llama_8b_qlora:llama_8b llama_1p5b:llama_1p5b:gradient_checkpointing=true}; do
+  bench "$item" --peer axolotl ${BENCH_ARGS:---warmup 3 --steps 10} --json "$OUT/b/TAG.json"
 done
+for item in ${ALONE:-}; do
+  bench "$item" ${BENCH_ARGS:---warmup 3 --steps 10} --json "$OUT/b/TAG.json"
+done
+if [ -n "${PROFILE:-}" ]; then  # where ktrain's step goes: the top operators and kernels of 3 profiled steps
+  bench "$PROFILE" --warmup 2 --steps 3 --profile "$OUT/b/TAG.out.txt"
+  head -40 "$OUT/b/$tag.out.txt" 2>/dev/null | cut -c1-200
+fi
