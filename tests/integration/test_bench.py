@@ -281,3 +281,33 @@ def test_trace_summary_counts_busy_time_kinds_and_idle_gaps(tmp_path: Path) -> N
     assert "0.50 ms at 1.5 ms, before Memcpy HtoD (Pageable -> Device); host: aten::item (cudaStreamSynchronize)" in (
         out.stdout
     )
+
+
+@pytest.mark.parametrize("adapter", [None, "lora"])
+def test_bench_pairs_beside_trl_train_alike(adapter: str | None, tmp_path: Path) -> None:
+    """``--pairs`` with ``--peer trl`` on a tiny Llama in fp32: both sides start at ln 2 (policy = reference) and,
+    trained on the same pairs in the same order, end at the same loss (each side's last step, not a mean); with
+    LoRA within 1%, the two sides' adapters starting from different random draws."""
+    model_dir(tmp_path, vocab_size=100)
+    keys = {
+        "base_model": str(tmp_path / "model"),
+        "random_init_weights": True,
+        "rl": "dpo",
+        "datasets": [{"path": str(tmp_path / "model"), "type": "chat_template.default"}],
+        "sequence_len": 32,
+        "micro_batch_size": 2,
+        "learning_rate": 1e-3 if adapter else 1e-4,
+        "lr_scheduler": "constant",
+        "output_dir": str(tmp_path / "out"),
+        "seed": 3,
+    }
+    if adapter:
+        keys |= {"adapter": adapter, "lora_r": 4, "lora_alpha": 8, "lora_target_linear": True}
+    config = tmp_path / "dpo.yaml"
+    config.write_text(yaml.safe_dump(keys))
+    report, _ = bench_json(tmp_path, str(config), "--pairs", "6:6", "--steps", "3", "--warmup", "1", "--peer", "trl")
+    ours, peer = report["ktrain"], report["peer"]
+    assert ours["first_loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert peer["first_loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert ours["last_loss"] < math.log(2) - 0.01  # the updates moved the policy away from its reference
+    assert ours["last_loss"] == pytest.approx(peer["last_loss"], rel=1e-2 if adapter else 1e-3)

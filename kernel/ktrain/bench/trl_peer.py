@@ -7,7 +7,8 @@ switched off (TRL makes the peft model from the ``LoraConfig`` the lora keys des
 over already as token ids (``prompt_ids``, ``chosen_ids``, ``rejected_ids``: TRL's own tokenized columns), so
 neither side times tokenization. Same micro batch, accumulation, ``rl_beta``, learning rate, clipping,
 gradient checkpointing as the config; AdamW fused on a GPU, a constant schedule, no warm-up, no logging but
-the first step's loss (TRL's per-step metrics are still computed, as in every TRL run).
+the first step's loss (TRL's per-step metrics are still computed, as in every TRL run); the pairs in order, not
+shuffled, so both sides train on the same micro-batches.
 
 TRL's step is timed from the start of step ``warmup + 1`` to the end of the last (callbacks mark the end of
 the backward passes and of the optimizer step: the ``data`` part is inside ``forward_backward``). ``trl``
@@ -101,10 +102,16 @@ def run_trl_peer(
                 found["peak"] = peak_memory_gib(device)
 
     class PreTokenized(DPOTrainer):
-        """TRL's DPOTrainer given its tokenized columns directly."""
+        """TRL's DPOTrainer given its tokenized columns directly; it keeps its last micro-batch's loss (the
+        trainer logs only the mean over all steps at the end)."""
 
         def _prepare_dataset(self, dataset: Any, *args: Any, **kwargs: Any) -> Any:
             return dataset
+
+        def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
+            out = super().compute_loss(*args, **kwargs)
+            found["loss"] = (out[0] if isinstance(out, tuple) else out).detach()
+            return out
 
     with tempfile.TemporaryDirectory(prefix="ktrain-bench-trl-") as out:
         args = DPOConfig(
@@ -132,6 +139,7 @@ def run_trl_peer(
             logging_first_step=True,
             logging_steps=10**9,
             dataloader_num_workers=0,
+            train_sampling_strategy="sequential",  # the pairs in the order the ktrain side takes them
             seed=config.seed,
             disable_tqdm=True,
         )
@@ -147,7 +155,7 @@ def run_trl_peer(
         flops = flops_per_token(trainer.model, config.sequence_len)  # after TRL made the peft model: frozen weights
         trainer.train()
         first = next(entry["loss"] for entry in trainer.state.log_history if "loss" in entry)
-        last = float(trainer.state.log_history[-1].get("train_loss", math.nan))
+        last = float(found["loss"])
         del trainer, model, reference
     seconds, parts, state = found["stopped"]
     timed = Timed(steps, pairs.tokens_per_step * steps, seconds, parts, first, last, found["peak"], state)
