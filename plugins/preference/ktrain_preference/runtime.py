@@ -2,14 +2,14 @@
 
 Registered by the entry module only when ``rl`` is written; it owns the role ``objective``. The
 reference is the base with the adapter switched off when the model is a peft adapter (no copy), else a
-frozen copy of the model as loaded, taken before any training step (so a resumed run has the same one).
+frozen copy of the model as loaded, taken before any training step (so a resumed run has the same one),
+whole on every rank (a ZeRO-3 partitioned model's parameters gathered for it: ``ktrain_preference.frozen_copy``).
 ORPO and SimPO need none; under ``precompute_ref_log_probs`` there is none either: the reference's
 log-probabilities are computed before the first step (``ktrain_preference.reference``).
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from ktrain import hookimpl
@@ -29,11 +29,12 @@ class Preference:
     def ktrain_wrap_model(self, model: Any, run: Any) -> None:
         """Keep a frozen copy of the loaded model as the reference, unless an adapter can be switched off (or the
         method needs no reference); give the model (and the copy) the chunked log-probability head."""
+        from ktrain_preference.frozen_copy import frozen_copy
         from ktrain_preference.logps import add_logps_head
 
         live = self.config.rl not in REFERENCE_FREE and not self.config.precompute_ref_log_probs
         if live and not hasattr(model, "disable_adapter"):
-            self.copy = copy.deepcopy(model)
+            self.copy = frozen_copy(model)
             add_logps_head(self.copy)
         self.head = add_logps_head(model.get_base_model() if hasattr(model, "get_base_model") else model)
         if run.is_main and self.config.rl not in REFERENCE_FREE:

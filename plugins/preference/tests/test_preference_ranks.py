@@ -1,4 +1,5 @@
-"""DPO on 2 CPU ranks: DDP and FSDP2 give the losses of one process (global batch 8 as 1 rank x 2 micro-batches
+"""DPO on 2 CPU ranks: DDP, FSDP2 and ZeRO-3 (its frozen reference gathered whole from the partitioned model) give
+the losses of one process (global batch 8 as 1 rank x 2 micro-batches
 of 4, and as 2 ranks x 1), and a DDP run killed mid-step resumes from its checkpoint and continues exactly. The
 DDP run precomputes its reference log-probabilities (precompute_ref_log_probs), holding no reference model: its
 losses are those of the one process's live reference, and the resumed run reads them back. Every run computes a
@@ -58,6 +59,13 @@ def test_fsdp2_two_ranks_match_one_process(root: Path) -> None:
     done = ktrain("run", str(_config(root, "fsdp2", fsdp_version=2)), "--nproc-per-node", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     _same_losses(root, "fsdp2")
+
+
+def test_zero3_two_ranks_with_a_frozen_reference_match_one_process(root: Path) -> None:
+    done = ktrain("run", str(_config(root, "zero3", deepspeed="zero3")), "--nproc-per-node", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the reference is a frozen copy of the model as loaded" in done.stdout
+    _same_losses(root, "zero3")
 
 
 def test_ddp_two_ranks_with_precomputed_reference_match_one_process_and_resume_exactly_after_a_kill(
