@@ -11,7 +11,9 @@ resume, trains with them. Imports no torch.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -55,6 +57,25 @@ class Choice:
             f"{self.key}: {_yaml(self.value)}{f' with {shown}' if shown else ''} "
             f"(fast default on CUDA; set {self.key}: {off} to switch off)"
         )
+
+
+def model_type(config: Any) -> str | None:
+    """The ``model_type`` of the config's model read from its ``config.json`` without loading anything: a local
+    folder, or a hub id already in the Hugging Face cache (None where neither has it): for an ``unless`` that
+    depends on the architecture."""
+    source = config.base_model_config or config.base_model
+    if not source:
+        return None
+    path = Path(source) / "config.json"
+    if not path.is_file():
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(source, "config.json", revision=config.revision_of_model)
+        path = Path(cached) if isinstance(cached, str) else path
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _yaml(value: Any) -> str:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import attrs
 
-from ktrain.config.fast_defaults import GpuDefault
+from ktrain.config.fast_defaults import GpuDefault, model_type
 from ktrain.config.keys import key
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "phi3")
@@ -18,24 +16,6 @@ logit scaling or soft-capping as in Gemma, Cohere or Granite; no router loss as 
 PARALLEL_SIZES = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree")
 """Mesh sizes under which the fused loss is refused: the output layer split over the vocabulary (tensor
 parallelism) or the tokens over ranks in ways the loss's divisor and label shift do not follow yet."""
-
-
-def model_type(config: Any) -> str | None:
-    """The ``model_type`` of the config's model read from its ``config.json`` without loading anything: a local
-    folder, or a hub id already in the Hugging Face cache (None where neither has it)."""
-    source = config.base_model_config or config.base_model
-    if not source:
-        return None
-    path = Path(source) / "config.json"
-    if not path.is_file():
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(source, "config.json", revision=config.revision_of_model)
-        path = Path(cached) if isinstance(cached, str) else path
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def _fused_unless(config: Any, capability: tuple[int, int] | None) -> str | None:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import attrs
 
-from ktrain.config.fast_defaults import GpuDefault
+from ktrain.config.fast_defaults import GpuDefault, model_type
 from ktrain.config.keys import key
 
 # key -> the op it patches (the role is op:<op>); liger_swiglu is the older spelling of liger_glu_activation.
@@ -32,24 +30,6 @@ kernels are a GPU default."""
 
 PARALLEL_SIZES = ("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree")
 """Mesh sizes under which Liger's kernels are not a default: their modules would hold split weights."""
-
-
-def model_type(config: Any) -> str | None:
-    """The ``model_type`` of the config's model read from its ``config.json`` without loading anything: a local
-    folder, or a hub id already in the Hugging Face cache (None where neither has it)."""
-    source = config.base_model_config or config.base_model
-    if not source:
-        return None
-    path = Path(source) / "config.json"
-    if not path.is_file():
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(source, "config.json", revision=config.revision_of_model)
-        path = Path(cached) if isinstance(cached, str) else path
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def _quantized(config: Any) -> bool:
