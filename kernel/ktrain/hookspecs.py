@@ -8,7 +8,7 @@ grow). Names say how a hook is called:
   kernel keeps the policy (names, collisions, who gave what).
 - ``ktrain_collect_*``: every plugin answers with a mapping; the kernel merges them and a key given by
   two plugins is an error naming both.
-- ``ktrain_load_*``, ``ktrain_build_*``, ``ktrain_shard``, checkpoint and export hooks: *stops at the
+- ``ktrain_load_*``, ``ktrain_build_*``, ``ktrain_shard(_frozen)``, checkpoint and export hooks: *stops at the
   first non-None result*. Each belongs to an exclusive **role**; the kernel activates exactly one
   owner per role (a plugin that claims it, or else the kernel's default), so the first result is
   never a silent pick between two plugins.
@@ -27,7 +27,7 @@ Roles used by the kernel (a plugin may define more, e.g. ``op:rms_norm`` for a p
 role                  hooks                                       default owner
 ===================== =========================================== ==================================
 ``model_loader``      load_model, load_tokenizer                  ``ktrain.builtin.hf_model``
-``sharding``          shard                                       ``ktrain.builtin.data_parallel``
+``sharding``          shard, shard_frozen                         ``ktrain.builtin.data_parallel``
 ``optimizer``         build_optimizer                             ``ktrain.builtin.optimizers``
 ``lr_scheduler``      build_lr_scheduler                          ``ktrain.builtin.schedulers``
 ``checkpoint_format`` save_checkpoint, load_checkpoint            ``ktrain.builtin.local_checkpoint``
@@ -268,6 +268,18 @@ def ktrain_shard(
     because a sharding plugin must build them after sharding (FSDP2) or hand them to its own engine
     (DeepSpeed). The engine says which of backward, accumulation, clipping and the scheduler step it
     owns. Role ``sharding``; stops at the first non-None result. Default: one process or DDP.
+    """
+
+
+@hookspec(firstresult=True)
+def ktrain_shard_frozen(module: nn.Module, run: Run) -> nn.Module | None:
+    """Place a frozen module beside the policy (a preference run's reference model), sharded as the policy is.
+
+    Called on every rank, collectively, after ``ktrain_shard``, by a plugin that keeps a frozen model (a copy
+    of the model as loaded, whole, with ``requires_grad`` off). The answer is the module to call in its place:
+    no gradients, no optimizer, forward only (under ``torch.no_grad``), on the policy's mesh with the policy's
+    mixed-precision policy, so its outputs are those of the policy as loaded. None keeps ``module`` whole on
+    every rank. Role ``sharding``; stops at the first non-None result. Default: ``module`` moved to the device.
     """
 
 

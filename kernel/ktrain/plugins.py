@@ -34,6 +34,7 @@ OWNED_HOOKS: dict[str, str] = {
     "ktrain_load_tokenizer": "model_loader",
     "ktrain_load_model": "model_loader",
     "ktrain_shard": "sharding",
+    "ktrain_shard_frozen": "sharding",
     "ktrain_build_optimizer": "optimizer",
     "ktrain_build_lr_scheduler": "lr_scheduler",
     "ktrain_save_checkpoint": "checkpoint_format",

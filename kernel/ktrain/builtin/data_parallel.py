@@ -65,3 +65,8 @@ class DataParallel:
                 module.register_comm_hook(comm_state, comm_hook)
         optimizer = build_optimizer(param_groups(model, self.config.weight_decay))
         return DataParallelEngine(module, model, optimizer, build_lr_scheduler(optimizer), self.config.max_grad_norm)
+
+    @hookimpl(trylast=True)
+    def ktrain_shard_frozen(self, module: Any, run: Any) -> Any:
+        """A frozen module stays whole on every rank (no gradients: nothing for DDP to average), on the device."""
+        return module.to(run.device)

@@ -84,6 +84,20 @@ def join_process_group(run: Any) -> None:
     deepspeed.init_distributed(auto_mpi_discovery=False, verbose=False)
 
 
+def zero3_frozen(module: torch.nn.Module, settings: dict[str, Any]) -> Any:
+    """``module`` (whole, frozen) partitioned by ZeRO-3 over the policy's ranks with the policy's JSON, less its
+    optimizer and scheduler: each parameter is moved to the device and partitioned in turn (``zero.Init`` of an
+    existing module), so the device never holds the whole module; ``deepspeed.initialize`` then gives the engine
+    that gathers each block's parameters for its forward and releases them after it."""
+    frozen = {name: value for name, value in settings.items() if name not in ("optimizer", "scheduler")}
+    module.requires_grad_(False)
+    with torch.no_grad():
+        deepspeed.zero.Init(module=module, config_dict_or_path=frozen)
+    ds, *_ = deepspeed.initialize(model=module, config=frozen, dist_init_required=False)
+    ds.eval()
+    return ds
+
+
 class DeepSpeedRuntime:
     """Implements the run hooks for ``deepspeed:``; claims ``sharding`` and ``checkpoint_format``."""
 
@@ -166,6 +180,15 @@ class DeepSpeedRuntime:
                 print(f"deepspeed: torch.compile(backend={self._compile.backend!r}) from the JSON's compile section")
             ds.compile(backend=self._compile.backend, compile_kwargs=self._compile.kwargs)
         return DeepSpeedEngine(ds, stage=zero.stage(settings), gather_16bit=zero.gathers_16bit(settings))
+
+    @hookimpl
+    def ktrain_shard_frozen(self, module: Any, run: Any) -> Any:
+        """ZeRO-3: a frozen module partitioned as the policy is, in an engine without optimizer (forward only); the
+        other stages keep it whole on every rank (None)."""
+        settings = self.settings(run)
+        if zero.stage(settings) != 3:
+            return None
+        return zero3_frozen(module, settings)
 
     @hookimpl
     def ktrain_save_checkpoint(self, engine: Any, run: Any, path: Path) -> dict[str, Any]:

@@ -28,6 +28,13 @@ class Fsdp:
         return shard(model, run, self.options, build_optimizer, build_lr_scheduler)
 
     @hookimpl
+    def ktrain_shard_frozen(self, module: Any, run: Any) -> Any:
+        """FSDP2: the frozen module sharded over the policy's mesh, forward only; FSDP1: None (whole on every rank)."""
+        from ktrain_fsdp.sharding import shard_frozen
+
+        return shard_frozen(module, run, self.options)
+
+    @hookimpl
     def ktrain_save_checkpoint(self, engine: Any, run: Any, path: Path) -> dict[str, Any]:
         """Trainable parameters, changing buffers and the optimizer through DCP; the scheduler from rank 0."""
         from ktrain_fsdp.checkpoint import save

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -97,3 +98,20 @@ def shard(model: Any, run: Any, options: FsdpOptions, build_optimizer: Any, buil
         version=options.version,
         device=run.device,
     )
+
+
+def shard_frozen(module: Any, run: Any, options: FsdpOptions) -> Any:
+    """A frozen module (a preference run's reference model) sharded as the policy is: FSDP2's ``fully_shard`` of
+    the same units and the root over the same mesh, with the same mixed-precision and offload policies; every
+    unit, the root too, gives its parameters back after its forward (no backward follows). Under
+    ``cpu_ram_efficient_loading`` rank 0's copy fills the other ranks' shards, as for the policy. FSDP1
+    keeps it whole on every rank (None)."""
+    if options.version != 2:
+        return None
+    from ktrain_fsdp.fsdp2 import apply_fsdp2
+
+    mesh = data_parallel_mesh(run, options)
+    classes = layer_classes(module, options) if options.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" else ()
+    apply_fsdp2(module, run, attrs.evolve(options, reshard_after_forward=True), mesh, classes)
+    module.requires_grad_(False)
+    return module.eval()

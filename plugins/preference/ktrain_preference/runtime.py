@@ -2,8 +2,9 @@
 
 Registered by the entry module only when ``rl`` is written; it owns the role ``objective``. The
 reference is the base with the adapter switched off when the model is a peft adapter (no copy), else a
-frozen copy of the model as loaded, taken before any training step (so a resumed run has the same one),
-whole on every rank (a ZeRO-3 partitioned model's parameters gathered for it: ``ktrain_preference.frozen_copy``).
+frozen copy of the model as loaded, taken before any training step (so a resumed run has the same one) and
+placed by the owner of ``sharding`` (``ktrain_shard_frozen``: sharded as the policy is under FSDP2 and ZeRO-3,
+else whole on every rank; ``ktrain_preference.frozen_copy``).
 ORPO and SimPO need none; under ``precompute_ref_log_probs`` there is none either: the reference's
 log-probabilities are computed before the first step (``ktrain_preference.reference``).
 """
@@ -57,7 +58,7 @@ class Preference:
         if live and self.copy is None:
             reference = adapter_off(run.model, self.head)
         elif live:
-            reference = frozen(self.copy.to(run.device), self.head)
+            reference = frozen(self._placed(run), self.head)
         if self.config.rl == "kto":
             self.objective = UnpairedObjective(self.config, reference, run.device, self.head)
         else:
@@ -71,6 +72,24 @@ class Preference:
 
             self.objective.precomputed = precomputed(run, self.objective, run.model)
         return self.objective
+
+    def _placed(self, run: Any) -> Any:
+        """The frozen copy as the owner of ``sharding`` places it (``ktrain_shard_frozen``: sharded as the policy is,
+        or None: whole on every rank), and what each rank holds of it, said once."""
+        from ktrain.run import distributed
+        from ktrain_preference.frozen_copy import held
+
+        placed = run.hook.ktrain_shard_frozen(module=self.copy, run=run)
+        self.copy = placed if placed is not None else self.copy.to(run.device)
+        mine, total = held(self.copy)
+        shares = distributed.all_reduce_sum([float(mine) if r == run.rank else 0.0 for r in range(run.world_size)],
+                                            run.device)  # fmt: skip
+        if run.is_main:
+            ranks = ", ".join(f"{int(v):,}" for v in shares)
+            how = "whole on every rank" if all(v == total for v in shares) else "sharded like the policy"
+            print(f"preference: the reference is {how}: the ranks hold {ranks} of its {total:,} parameters",
+                  flush=True)  # fmt: skip
+        return self.copy
 
     @hookimpl
     def ktrain_collect_metrics(self, run: Any, step: int) -> dict[str, float]:

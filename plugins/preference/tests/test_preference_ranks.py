@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,16 @@ def _config(root: Path, name: str, **keys: object) -> Path:
     )
 
 
+def _halves(stdout: str) -> None:
+    """Each of the 2 ranks holds half of the reference's parameters (as each rank measured them)."""
+    pattern = r"reference is sharded like the policy: the ranks hold ([\d,]+), ([\d,]+) of its ([\d,]+)"
+    found = re.search(pattern, stdout)
+    assert found, stdout[-3000:]
+    first, second, total = (int(v.replace(",", "")) for v in found.groups())
+    for mine in (first, second):
+        assert mine == pytest.approx(total / 2, rel=0.02), (first, second, total)
+
+
 def _same_losses(root: Path, name: str) -> None:
     one, other = read_metrics(root / "one"), read_metrics(root / name)
     assert one.keys() == other.keys() == set(range(1, STEPS + 1))
@@ -58,6 +69,7 @@ def _same_losses(root: Path, name: str) -> None:
 def test_fsdp2_two_ranks_match_one_process(root: Path) -> None:
     done = ktrain("run", str(_config(root, "fsdp2", fsdp_version=2)), "--nproc-per-node", "2")
     assert done.returncode == 0, done.stderr[-3000:]
+    _halves(done.stdout)
     _same_losses(root, "fsdp2")
 
 
@@ -65,6 +77,7 @@ def test_zero3_two_ranks_with_a_frozen_reference_match_one_process(root: Path) -
     done = ktrain("run", str(_config(root, "zero3", deepspeed="zero3")), "--nproc-per-node", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "the reference is a frozen copy of the model as loaded" in done.stdout
+    _halves(done.stdout)
     _same_losses(root, "zero3")
 
 
