@@ -86,6 +86,7 @@ def as_measured(report: dict) -> list[str]:
     if plugins is None:
         return []
     sets = [f"torch_compile={'true' if 'ktrain-plugin-compile' in plugins else 'false'}"]
+    sets.append("gradient_checkpointing_fraction=1.0")  # every block, as checkpointing recomputed them all then
     return sets + ([f"{k}=false" for k in LIGER_BLOCK_KEYS] if "ktrain-plugin-liger" not in plugins else [])
 
 

@@ -7,7 +7,9 @@ calls it with the block classes it shards.
 
 Two mechanisms, one per kind of caller. Without ``classes``: the model's own switch (transformers'
 ``gradient_checkpointing_enable``, or ``activation_checkpointing_enable`` where ``offload`` is asked),
-which leaves the module tree unchanged, so that adapters (PEFT) find their target names afterwards.
+which leaves the module tree unchanged, so that adapters (PEFT) find their target names afterwards; for a
+``fraction`` below 1 the blocks not chosen then stop recomputing (the ``gradient_checkpointing`` attribute
+that each ``GradientCheckpointingLayer`` reads in its forward, set per block).
 With ``classes``: the chosen blocks (or their ``mlp``) go into PyTorch's non-reentrant checkpoint
 wrappers, which work on any ``nn.Module`` and around FSDP units; the state dict keeps the model's names.
 """
@@ -49,14 +51,18 @@ class Recompute:
 
     @classmethod
     def from_config(cls, config: Any) -> Recompute | None:
-        """The kernel's ``gradient_checkpointing`` and ``gradient_checkpointing_kwargs``; None when false.
+        """The kernel's ``gradient_checkpointing``, ``gradient_checkpointing_kwargs`` and
+        ``gradient_checkpointing_fraction``; None when false.
 
         Without a GPU the activations are in host memory already: ``offload`` is ``true`` there
-        (transformers' offload would ask for pinned memory, which needs one).
+        (transformers' offload would ask for pinned memory, which needs one). A fraction still ``auto`` (a run
+        off a GPU: on one, the run's plan resolved it to a number) recomputes every block.
         """
         if not config.gradient_checkpointing:
             return None
+        fraction = config.gradient_checkpointing_fraction
         return cls(
+            fraction=1.0 if fraction == "auto" else float(fraction),
             offload=config.gradient_checkpointing == "offload" and torch.cuda.is_available(),
             kwargs=config.gradient_checkpointing_kwargs or _non_reentrant(),
         )
@@ -71,15 +77,16 @@ def recomputed_blocks(count: int, fraction: float) -> list[int]:
 def apply_checkpointing(model: torch.nn.Module, choice: Recompute, classes: tuple[type, ...] = ()) -> int:
     """Recompute the blocks of ``model`` in backward as ``choice`` says; returns how many blocks (or MLPs).
 
-    Without ``classes`` every block of a transformers model recomputes, through its own switch (``fraction``
-    and ``scope`` must keep their defaults). With ``classes`` the blocks are the modules of those classes:
+    Without ``classes`` the blocks of a transformers model recompute through its own switch: the share
+    ``fraction`` of them, spread evenly (``scope`` must be ``"block"``). With ``classes`` the blocks are the
+    modules of those classes:
     the share ``fraction`` of them, spread evenly (selective checkpointing by layer, as torchtitan's
     ``selective_ac_option``); ``scope`` ``"mlp"`` recomputes only each chosen block's ``mlp``, which holds
     most of a block's saved activations, and not its attention (Megatron's ``recompute_modules: [mlp]``).
     """
     if not classes:
-        if choice.fraction != 1.0 or choice.scope != "block":
-            raise ValueError("apply_checkpointing: a fraction or an mlp scope needs the block classes")
+        if choice.scope != "block":
+            raise ValueError("apply_checkpointing: an mlp scope needs the block classes")
         return _model_switch(model, choice)
     if choice.offload:
         raise ValueError("apply_checkpointing: offload is the model's own switch; give no classes")
@@ -87,8 +94,9 @@ def apply_checkpointing(model: torch.nn.Module, choice: Recompute, classes: tupl
 
 
 def _model_switch(model: Any, choice: Recompute) -> int:
-    """transformers' checkpointing of every block; a transformers without ``offload`` recomputes without it,
-    and says so."""
+    """transformers' checkpointing of the chosen blocks; a transformers without ``offload`` recomputes without
+    it, and says so. transformers switches every ``GradientCheckpointingLayer`` on; those not chosen are switched
+    off again, each by its own ``gradient_checkpointing`` attribute, which its forward reads at every call."""
     kwargs = dict(choice.kwargs)
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None and "offload" in inspect.signature(enable).parameters:
@@ -104,7 +112,20 @@ def _model_switch(model: Any, choice: Recompute) -> int:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    return sum(isinstance(m, GradientCheckpointingLayer) for m in model.modules())
+    blocks = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if choice.fraction >= 1.0:
+        return len(blocks)
+    if not blocks:
+        warnings.warn(
+            f"{choice.key}: {type(model).__name__} has no GradientCheckpointingLayer blocks to choose from: "
+            "the model's own switch decides what recomputes",
+            stacklevel=1,
+        )
+        return 0
+    chosen = set(recomputed_blocks(len(blocks), choice.fraction))
+    for i, block in enumerate(blocks):
+        block.gradient_checkpointing = i in chosen
+    return len(chosen)
 
 
 def _wrap_blocks(model: torch.nn.Module, choice: Recompute, classes: tuple[type, ...]) -> int:

@@ -76,6 +76,8 @@ def ktrain_validate_config(config: Any, report: Any) -> None:
         )
     if config.gradient_checkpointing_kwargs and not config.gradient_checkpointing:
         report.warn("gradient_checkpointing_kwargs", "has no effect while gradient_checkpointing is false")
+    if config.is_set("gradient_checkpointing_fraction") and not config.gradient_checkpointing:
+        report.warn("gradient_checkpointing_fraction", "has no effect while gradient_checkpointing is false")
     for name in sorted(set(config.special_tokens or {}) - set(SPECIAL_TOKENS)):
         report.error(
             f"special_tokens.{name}", f"is no special token of a tokenizer; one of {', '.join(SPECIAL_TOKENS)}"

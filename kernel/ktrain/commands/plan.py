@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from ktrain.config import fast_defaults
 from ktrain.config.load import apply_override
 from ktrain.config.plan import Plan, load_plugins_and_config, prepare
 from ktrain.config.report import ConfigError
@@ -81,8 +82,11 @@ class Candidate:
     unset: tuple[str, ...] = ()
 
     def label(self) -> str:
-        """How ``ktrain plan`` names it."""
-        return f"{self.layout.label}, micro batch {self.micro} x {self.accumulation}"
+        """How ``ktrain plan`` names it (with the share of the blocks recomputed where it is not every block)."""
+        fraction = self.plan.config.gradient_checkpointing_fraction
+        share = f" {fraction}" if self.plan.config.gradient_checkpointing and fraction != 1.0 else ""
+        label = self.layout.label.replace(", checkpointing", f", checkpointing{share}")
+        return f"{label}, micro batch {self.micro} x {self.accumulation}"
 
     def sets(self) -> tuple[str, ...]:
         """The ``--set`` values that turn the config as written into this candidate."""
@@ -166,11 +170,12 @@ def step_seconds(config: Any, plan: Plan, prediction: Prediction, shape: ModelSh
     return compute + comm + offloaded / HOST_BANDWIDTH
 
 
-def _prepare(data: dict[str, Any], overrides: list[str], world: int, folder: Path) -> Plan:
-    """The checked plan of the config ``data`` (written into ``folder``) for ``world`` ranks."""
+def _prepare(data: dict[str, Any], overrides: list[str], world: int, folder: Path, gpu_memory: int) -> Plan:
+    """The checked plan of the config ``data`` (written into ``folder``) for ``world`` ranks on GPUs of
+    ``gpu_memory`` bytes (``gradient_checkpointing_fraction: auto`` is resolved for them)."""
     out = folder / "candidate.yaml"
     out.write_text(dump_yaml(data), encoding="utf-8")
-    return prepare(out, overrides, world_size=world, device="cuda", planned=True)
+    return prepare(out, overrides, world_size=world, device="cuda", planned=True, gpu_memory=gpu_memory)
 
 
 def _fits(prediction: Prediction, gpu_memory: int, host_memory: int | None, ranks_per_node: int) -> bool:
@@ -210,7 +215,7 @@ def search(args: argparse.Namespace, written: Plan, shape: ModelShape, gpu_memor
             layout.edit(changed)
             try:
                 fresh = layout.label != AS_WRITTEN
-                plan = _prepare(changed, _overrides(args, data), world, Path(tmp)) if fresh else written
+                plan = _prepare(changed, _overrides(args, data), world, Path(tmp), gpu_memory) if fresh else written
             except (ConfigError, PluginError):  # a layout the config's other keys refuse is not a candidate
                 continue
             if rows % plan.mesh.dp_size:
@@ -294,7 +299,8 @@ def plan_cli(args: argparse.Namespace) -> int:
         raise ConfigError.single("--gpus" if args.gpus < 1 else "--nodes", "must be at least 1")
     data, _ = load_yaml(Path(args.config)) if Path(args.config).is_file() else ({}, {})
     load_plugins_and_config(args.config, args.overrides)  # the config's own problems first, as ktrain check
-    written = prepare(args.config, _overrides(args, data), world_size=args.gpus * args.nodes, device="cuda")
+    world = args.gpus * args.nodes
+    written = prepare(args.config, _overrides(args, data), world_size=world, device="cuda", gpu_memory=gpu_memory)
     try:
         shape = read_shape(written.config)
     except ShapeError as e:
@@ -305,6 +311,9 @@ def plan_cli(args: argparse.Namespace) -> int:
     c = written.config
     print(f"as written: {prediction.sharding}, {prediction.optimizer}, micro batch {c.micro_batch_size} x "
           f"{c.gradient_accumulation_steps}, sequence {c.sequence_len}")  # fmt: skip
+    for choice in fast_defaults.applied(c):
+        if choice.key == "gradient_checkpointing_fraction":
+            print(choice.line())
     print("\n".join(describe(prediction, gpu_memory)))
     found = search(args, written, shape, gpu_memory)
     print(

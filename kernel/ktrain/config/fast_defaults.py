@@ -22,6 +22,9 @@ from ktrain.config.model import Config
 
 ORIGIN = "fast default on CUDA"
 """The origin (``ktrain check``'s "from") of a key set by its GPU default."""
+RESOLVED = "auto, resolved on CUDA"
+"""The origin of a key written ``auto`` that a GPU run resolved to a value (``gradient_checkpointing_fraction``);
+a resolved key's origin may go on after either, with ``: `` and what the value was chosen from."""
 
 
 @attrs.frozen
@@ -31,13 +34,15 @@ class GpuDefault:
     ``value``: the key's value there; ``also``: other keys set with it (``unless`` decides which values of
     them the config may write: those it replaces); ``unless(config, capability)``: why the default does not
     apply to this config (None: it applies; ``capability`` is the GPUs' lowest compute capability, None
-    where unknown); ``changes``: what the default changes in what is trained (docs and ``ktrain check``).
+    where unknown); ``changes``: what the default changes in what is trained (docs and ``ktrain check``);
+    ``off``: the value that switches it off (None: ``false`` for a default of ``true``, else the key's own value).
     """
 
     value: Any
     changes: str
     also: dict[str, Any] = attrs.field(factory=dict)
     unless: Callable[[Any, tuple[int, int] | None], str | None] | None = None
+    off: Any = None
 
 
 @attrs.frozen
@@ -48,14 +53,17 @@ class Choice:
     value: Any
     also: dict[str, Any]
     changes: str
+    off: Any = None
+    why: str = ""
 
     def line(self) -> str:
-        """The line ``ktrain run`` prints at its start and ``ktrain check`` lists."""
+        """The line ``ktrain run`` prints at its start and ``ktrain check`` lists; ``why``: what a resolved value
+        was chosen from."""
         shown = ", ".join(f"{k}: {_yaml(v)}" for k, v in self.also.items())
-        off = "false" if self.value is True else "its value"
+        off = _yaml(self.off) if self.off is not None else "false" if self.value is True else "its value"
         return (
             f"{self.key}: {_yaml(self.value)}{f' with {shown}' if shown else ''} "
-            f"(fast default on CUDA; set {self.key}: {off} to switch off)"
+            f"({f'{self.why}; ' if self.why else ''}fast default on CUDA; set {self.key}: {off} to switch off)"
         )
 
 
@@ -101,17 +109,19 @@ def pending(config: Config, capability: tuple[int, int] | None = None) -> list[C
             continue
         if default.unless is not None and default.unless(config, capability) is not None:
             continue
-        found.append(Choice(name, default.value, dict(default.also), default.changes))
+        found.append(Choice(name, default.value, dict(default.also), default.changes, default.off))
     return found
 
 
 def applied(config: Config) -> list[Choice]:
-    """The GPU defaults ``resolve`` set in ``config`` (read from the keys' origins)."""
-    return [
-        Choice(name, getattr(config, name), _also(config, default), default.changes)
-        for name, default in _declared(config)
-        if config.origins.get(name) == ORIGIN
-    ]
+    """The GPU defaults ``resolve`` set in ``config``, and the keys written ``auto`` a GPU run resolved (read from
+    the keys' origins)."""
+    found = []
+    for name, default in _declared(config):
+        origin, _, why = config.origins.get(name, "").partition(": ")
+        if origin in (ORIGIN, RESOLVED):
+            found.append(Choice(name, getattr(config, name), _also(config, default), default.changes, default.off, why))
+    return found
 
 
 def _also(config: Config, default: GpuDefault) -> dict[str, Any]:
@@ -136,6 +146,19 @@ def resolve(config: Config, device: str | None, capability: tuple[int, int] | No
         sections=sections,
         present=config.present | set(values),
         origins={**config.origins, **dict.fromkeys(values, ORIGIN)},
+    )
+
+
+def resolved(config: Config, key: str, value: Any, why: str) -> Config:
+    """``config`` with ``key``, a GPU default or written ``auto``, resolved to ``value`` (present; its origin
+    ``ORIGIN`` or ``RESOLVED``, then ``: `` and ``why``)."""
+    origin = ORIGIN if config.origins.get(key) == ORIGIN else RESOLVED
+    sections = {
+        cls: attrs.evolve(obj, **{key: value}) if key in attrs.fields_dict(cls) else obj
+        for cls, obj in config.sections.items()
+    }
+    return attrs.evolve(
+        config, sections=sections, present=config.present | {key}, origins={**config.origins, key: f"{origin}: {why}"}
     )
 
 
@@ -167,3 +190,37 @@ FP32_MASTERS = GpuDefault(
     unless=_masters_unless,
 )
 """The kernel's GPU default of ``bfloat16``: bf16 weights with fp32 masters in the optimizer."""
+
+
+def check_fraction(instance: Any, attribute: Any, value: Any) -> None:
+    """``gradient_checkpointing_fraction``: above 0 and at most 1, or ``auto`` (an attrs validator)."""
+    if value != "auto" and not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1):
+        raise ValueError(f"must be above 0 and at most 1, or auto, not {value!r}")
+
+
+def _fraction_unless(config: Any, capability: tuple[int, int] | None) -> str | None:
+    """Why ``gradient_checkpointing_fraction: auto`` is not the fast default of ``config`` (None: it is)."""
+    fsdp = any(config.is_set(k) for k in ("fsdp", "fsdp_config", "fsdp_version"))
+    reasons = (
+        (config.gradient_checkpointing is False, "gradient_checkpointing is false"),
+        (
+            config.gradient_checkpointing == "offload",
+            "gradient_checkpointing: offload asks for the least device memory, not for speed",
+        ),
+        (
+            fsdp or getattr(config, "deepspeed", None) is not None,
+            "a sharded run's predicted peak per rank is not yet checked against several ranks' measured peaks",
+        ),
+    )
+    return next((why for found, why in reasons if found), None)
+
+
+AUTO_FRACTION = GpuDefault(
+    "auto",
+    "the blocks that need not recompute keep their activations: the same loss and gradients, less recomputation; "
+    "a GPU run resolves auto to the share of the blocks the memory model chooses (the fewest whose predicted "
+    "peak stays within the budget) and writes it into the run's config.yaml",
+    unless=_fraction_unless,
+    off=1.0,
+)
+"""The kernel's GPU default of ``gradient_checkpointing_fraction``: recompute only the blocks the memory needs."""

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ktrain.config.fast_defaults import FP32_MASTERS
+from ktrain.config.fast_defaults import AUTO_FRACTION, FP32_MASTERS, check_fraction
 
 
 def key(default: Any, help: str, gpu_default: Any = None, **kw: Any) -> Any:
@@ -85,6 +85,15 @@ class ModelKeys:
     )
     gradient_checkpointing_kwargs: dict[str, Any] | None = key(
         None, "keyword arguments of torch.utils.checkpoint (default use_reentrant: false)"
+    )
+    gradient_checkpointing_fraction: float | Literal["auto"] = key(
+        1.0,
+        "with gradient_checkpointing: the share of the blocks that recompute, spread evenly (above 0, at most 1; "
+        "the others keep their activations); auto (on a GPU the default with gradient_checkpointing: true, without "
+        "FSDP or DeepSpeed): the fewest blocks whose predicted peak stays within the config's peak without its GPU "
+        "defaults and 90% of the GPU's memory; every block on a CPU",
+        gpu_default=AUTO_FRACTION,
+        validator=check_fraction,
     )
     unfrozen_parameters: list[str] | None = key(
         None, "train only the parameters whose names match one of these patterns (a period is literal); no adapter"

@@ -63,6 +63,8 @@ def prepare(
     extra_plugins: Iterable[tuple[str, Any]] = (),
     with_defaults: bool = False,
     planned: bool = False,
+    gpu_memory: int | None = None,
+    resolved: tuple[float, str] | None = None,
 ) -> Plan:
     """Load, activate and check everything for a run of ``world_size`` ranks (None: what the mesh asks).
 
@@ -74,9 +76,15 @@ def prepare(
     twice or a plugin's missing requirement is recorded (the second claimant left out) while the plugins'
     checks, the registries and the mesh are checked. Raises ``PluginError`` when the plugins'
     activation is all that is wrong, ``ConfigError`` with every problem otherwise.
+
+    On ``cuda``, ``gradient_checkpointing_fraction: auto`` becomes a number (``ktrain.memory.fraction``: the
+    checked plan is predicted against ``gpu_memory``, None: this machine's GPUs'), and the config is planned
+    again with it (``resolved``: that number and what it was chosen from), so that every plugin is built with it.
     """
     plugins, config, report, refused = _read(path, list(overrides), extra_plugins)
     config = fast_defaults.resolve(config, device, capability)  # on a GPU, before the plugins decide from it
+    if resolved is not None:
+        config = fast_defaults.resolved(config, "gradient_checkpointing_fraction", *resolved)
     activation_problems = activate(plugins, config, with_defaults=with_defaults)
     for key, message in activation_problems:
         report.error(key, message)
@@ -110,7 +118,19 @@ def prepare(
         raise PluginError("\n".join(message for _, message in activation_problems))  # plugins' problems alone
     if report.errors or mesh is None:
         raise ConfigError(report)
-    return Plan(config, plugins, mesh, optimizers, schedulers, formats, report.warnings)
+    plan = Plan(config, plugins, mesh, optimizers, schedulers, formats, report.warnings)
+    if device == "cuda" and config.gradient_checkpointing and config.gradient_checkpointing_fraction == "auto":
+        from ktrain.memory import fraction
+
+        def plain() -> Plan:
+            return prepare(path, overrides, world_size=mesh.world_size, extra_plugins=extra_plugins)
+
+        memory = gpu_memory if gpu_memory is not None else fraction.gpu_memory()
+        value, why = fraction.resolve_auto(plan, plain, memory)
+        return prepare(path, overrides, world_size=world_size, device=device, capability=capability,
+                       extra_plugins=extra_plugins, with_defaults=with_defaults, planned=planned,
+                       resolved=(value, why))  # fmt: skip
+    return plan
 
 
 def _plan_mesh(plugins: Plugins, config: Config, world_size: int | None, report: Report) -> MeshPlan | None:

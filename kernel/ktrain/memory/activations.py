@@ -88,7 +88,7 @@ def activations(
     head = tokens * shape.hidden * (weight_bytes + compute_bytes)  # final norm's output, output layer's input
     if checkpointing is None or checkpointing.fraction <= 0:
         return Activations(tokens * shape.layers * per.full + head, 0)
-    recomputed = round(shape.layers * min(checkpointing.fraction, 1.0))
+    recomputed = max(1, round(shape.layers * min(checkpointing.fraction, 1.0)))  # as recomputed_blocks chooses
     kept = per.checkpointed if checkpointing.scope == "block" else per.mlp_checkpointed
     saved = tokens * ((shape.layers - recomputed) * per.full + recomputed * kept) + head
     return Activations(saved, tokens * (per.full - kept) if recomputed else 0)

@@ -101,8 +101,12 @@ def frozen_casts(weights: list[Weight], compute: int) -> int:
 
 
 def kernel_checkpointing(config: Any) -> Checkpointing | None:
-    """The kernel's ``gradient_checkpointing``: every block recomputed, or none."""
-    return Checkpointing() if config.gradient_checkpointing else None
+    """The kernel's ``gradient_checkpointing``: the share ``gradient_checkpointing_fraction`` of the blocks
+    recomputed (every block where it is ``auto``, as a run off a GPU takes it), or none."""
+    if not config.gradient_checkpointing:
+        return None
+    fraction = config.gradient_checkpointing_fraction
+    return Checkpointing(1.0 if fraction == "auto" else float(fraction))
 
 
 def predict(config: Any, mesh: MeshPlan, plugins: Any, shape: ModelShape | None = None, rank: int = 0) -> Prediction:
