@@ -171,7 +171,8 @@ def ktrain_register_dataset_formats(register: Callable[..., None]) -> None:
 
     ``tokenize(row, tokenizer, entry, config)`` turns one row (a dict) of a dataset whose ``type`` is
     ``name`` into ``{"input_ids": [...], "labels": [...]}`` with label -100 on tokens not trained on,
-    or returns None to skip the row. ``entry`` is the ``datasets:`` item. Every plugin answers.
+    or returns None to skip the row, or a list of such samples when the row makes several (each then
+    a sample of its own). ``entry`` is the ``datasets:`` item. Every plugin answers.
     A format whose sample holds several sequences end to end (a preference pair, read back by the
     plugin's ``ktrain_build_objective``) sets the attribute ``tokenize.sequences``: the sample is then
     cut at ``sequence_len`` times that.

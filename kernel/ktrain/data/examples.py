@@ -151,25 +151,33 @@ def tokenize_entry(
             if len(stats.problems) < KEEP_PROBLEMS:
                 stats.problems.append(problem)
             continue
-        if out is None or not out["input_ids"]:
-            stats.empty += 1
-            continue
-        ids, labels = out["input_ids"], out["labels"]
-        if config.min_sample_len and len(ids) < config.min_sample_len:
-            stats.short += 1
-            continue
-        if len(ids) > limit:
-            stats.truncated += 1
-            ids, labels = ids[:limit], labels[:limit]
-        if not any(label != IGNORE for label in labels[1:]):
-            stats.untrained += 1
-            continue
-        if not builder.is_new(ids, labels):
-            stats.duplicates += 1
-            continue
-        builder.add(ids, labels)
-        stats.kept += 1
+        outs = out if isinstance(out, list) else [out]  # a format may make several samples of one row
+        stats.samples += len(outs) - 1
+        for out in outs:
+            _add_sample(out, config, limit, builder, stats)
     return stats
+
+
+def _add_sample(out: dict | None, config: Any, limit: int, builder: TableBuilder, stats: DatasetStats) -> None:
+    """Add one tokenized sample to ``builder``, or count why it was dropped."""
+    if out is None or not out["input_ids"]:
+        stats.empty += 1
+        return
+    ids, labels = out["input_ids"], out["labels"]
+    if config.min_sample_len and len(ids) < config.min_sample_len:
+        stats.short += 1
+        return
+    if len(ids) > limit:
+        stats.truncated += 1
+        ids, labels = ids[:limit], labels[:limit]
+    if not any(label != IGNORE for label in labels[1:]):
+        stats.untrained += 1
+        return
+    if not builder.is_new(ids, labels):
+        stats.duplicates += 1
+        return
+    builder.add(ids, labels)
+    stats.kept += 1
 
 
 def tokenize_entries(

@@ -58,7 +58,8 @@ def validate(config: Any, report: Any) -> None:
         if method == "kto" and entry.type != PAIR_FORMAT and entry.type not in kto_type_names():
             report.error(
                 f"datasets[{i}].type",
-                f"rl: kto reads prompt/completion/label rows: set type: {PAIR_FORMAT} (or one of Axolotl's "
+                f"rl: kto reads prompt/completion/label rows (or prompt/chosen/rejected pairs, two rows each): set "
+                f"type: {PAIR_FORMAT} (or one of Axolotl's "
                 "KTO types, e.g. llama3.ultra)",
             )
         elif entry.type != PAIR_FORMAT and entry.type not in type_names():

@@ -9,12 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from ktrain_preference.pairs import tokenize_pair
-from ktrain_preference.unpaired import tokenize_unpaired
+from ktrain_preference.unpaired import is_pair, tokenize_unpaired, tokenize_unpaired_pair
 
 
-def tokenize_preference(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict:
-    """A row as a sample: an unpaired answer under ``rl: kto``, else a pair."""
+def tokenize_preference(row: dict, tokenizer: Any, entry: Any, config: Any) -> dict | list[dict]:
+    """A row as a sample: an unpaired answer under ``rl: kto`` (a pair there: two, TRL's unpairing), else a pair."""
     if config.rl == "kto":
+        if is_pair(row, entry):
+            return tokenize_unpaired_pair(row, tokenizer, entry, config)
         return tokenize_unpaired(row, tokenizer, entry, config)
     return tokenize_pair(row, tokenizer, entry, config)
 

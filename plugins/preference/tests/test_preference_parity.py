@@ -169,3 +169,39 @@ def test_ten_losses_and_rewards_match_trl(runs: tuple[Path, list[dict]]) -> None
         ours = read_metrics(out, name)
         for step, record in enumerate(trl, start=1):
             assert abs(ours[step] - record[name]) <= 1e-3, (name, step, ours[step], record[name])
+
+
+def test_kto_reads_pairs_as_trl_unpairs_them(tmp_path: Path, model: Path) -> None:
+    """Under ``rl: kto`` a pair (prompt/chosen/rejected) is two rows, the chosen answer desirable and the rejected one
+    not, as TRL's ``unpair_preference_dataset`` makes them: step 1 equals TRL's KTOTrainer on those rows."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl.data_utils import unpair_preference_dataset
+
+    pairs = pair_rows(PAIRS // 2, chat=False)
+    write_rows(tmp_path / "pairs.jsonl", pairs)
+    config = write_config(
+        tmp_path,
+        base_model=str(model),
+        random_init_weights=False,
+        rl="kto",
+        rl_beta=0.5,
+        datasets=[{"path": str(tmp_path / "pairs.jsonl"), "type": "chat_template.default"}],
+        micro_batch_size=PAIRS,
+        max_steps=1,
+        learning_rate=LR,
+        optimizer="adamw_torch",
+        save_strategy="no",
+    )
+    done = ktrain("run", str(config))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{PAIRS} samples, {PAIRS} kept" in done.stdout  # two of each pair
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    rows = sorted(  # ktrain orders a micro-batch by token ids; TRL keeps the dataset's order
+        unpair_preference_dataset(Dataset.from_list(pairs)).to_list(),
+        key=lambda r: tokenizer(r["prompt"] + r["completion"] + tokenizer.eos_token)["input_ids"],
+    )
+    trl = trl_history(tmp_path, model, rows, "kto", 0.5)
+    for name in STEP_ONE:
+        ours = read_metrics(tmp_path / "out", name)[1]
+        assert abs(ours - trl[0][name]) <= 1e-5, (name, ours, trl[0][name])
