@@ -81,10 +81,11 @@ def _bench(name: str, *sets: str) -> tuple[Path, list[str]]:
 @pytest.mark.parametrize(("name", "sets"), [("llama_1p5b", ("gradient_checkpointing=true",)), ("llama_8b_qlora", ())])
 @pytest.mark.parametrize("gib", [80, 141])
 def test_auto_recomputes_the_fewest_blocks_within_the_budget(name: str, sets: tuple[str, ...], gib: int) -> None:
-    """The budget: the predicted peak without the GPU defaults (every block recomputed), at most 90% of the GPU."""
+    """The budget: the predicted peak on the plain path (no GPU defaults, every block recomputed, bf16 weights as
+    Axolotl loads them for bf16 compute), at most 90% of the GPU."""
     path, overrides = _bench(name, *sets)
     plan = prepare(path, overrides, world_size=1, device="cuda", capability=(9, 0), gpu_memory=gib * GIB)
-    plain = prepare(path, overrides, world_size=1)  # the config as written, without the GPU defaults
+    plain = prepare(path, [*overrides, "bfloat16=true"], world_size=1)  # no GPU defaults, bf16 weights
     budget = min(predict(plain.config, plain.mesh, plain.plugins).peak, int(GPU_SHARE * gib * GIB))
     config, blocks = plan.config, 16 if name == "llama_1p5b" else 32
     fraction = config.gradient_checkpointing_fraction

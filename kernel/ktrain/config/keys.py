@@ -90,8 +90,9 @@ class ModelKeys:
         1.0,
         "with gradient_checkpointing: the share of the blocks that recompute, spread evenly (above 0, at most 1; "
         "the others keep their activations); auto (on a GPU the default with gradient_checkpointing: true, without "
-        "FSDP or DeepSpeed): the fewest blocks whose predicted peak stays within the config's peak without its GPU "
-        "defaults and 90% of the GPU's memory; every block on a CPU",
+        "FSDP or DeepSpeed): the fewest blocks whose predicted peak stays within the config's peak on the plain path "
+        "(no GPU defaults; bf16 weights for bf16 compute, as Axolotl loads them) and 90% of the GPU's memory; every "
+        "block on a CPU",
         gpu_default=AUTO_FRACTION,
         validator=check_fraction,
     )

@@ -123,7 +123,10 @@ def prepare(
         from ktrain.memory import fraction
 
         def plain() -> Plan:
-            return prepare(path, overrides, world_size=mesh.world_size, extra_plugins=extra_plugins)
+            written = prepare(path, overrides, world_size=mesh.world_size, extra_plugins=extra_plugins)
+            if not fraction.reads_as_pure_bf16(written.config, capability):
+                return written
+            return prepare(path, [*overrides, "bfloat16=true"], world_size=mesh.world_size, extra_plugins=extra_plugins)
 
         memory = gpu_memory if gpu_memory is not None else fraction.gpu_memory()
         value, why = fraction.resolve_auto(plan, plain, memory)

@@ -1,14 +1,16 @@
 """``gradient_checkpointing_fraction: auto`` on a GPU: the fewest recomputed blocks that the memory allows.
 
-The budget is the predicted peak per rank of the same config without its GPU defaults (every block
-recomputed, the plain path: fp32 weights under autocast, the whole logits, ...), and at most ``GPU_SHARE``
-of the GPU's memory: a config that writes ``gradient_checkpointing: true`` accepted that memory, and the
-fast defaults never make a run need more than its config would without them; they spend what they save
-on recomputing fewer blocks. ``auto`` resolves to the fewest blocks (at least one) whose predicted peak
-stays within the budget, as a number (``round(k / blocks, 4)``, which ``recomputed_blocks`` reads back
-as ``k`` blocks); where the memory model cannot predict the run (a model it does not know, a plugin that
-does not answer ``ktrain_collect_memory``, an unknown GPU), every block recomputes and the origin says why.
-No torch here but ``gpu_memory``, which reads the GPUs a run on this machine would use.
+The budget is the predicted peak per rank of the same config on the plain path, as Axolotl and Hugging Face's
+Trainer run it: without ktrain's GPU defaults (every block recomputed, the whole logits, ...) and, where the
+config computes in bf16 and does not write ``bfloat16``, with the weights loaded in bf16 (``bfloat16: true``:
+gradients and optimizer states in bf16 too); and at most ``GPU_SHARE`` of the GPU's memory. A config that
+writes ``gradient_checkpointing: true`` accepted the memory that path takes, so the fast defaults never make a
+run need more than the same YAML would there; they spend what they save on recomputing fewer blocks. ``auto``
+resolves to the fewest blocks (at least one) whose predicted peak stays within the budget, as a number
+(``round(k / blocks, 4)``, which ``recomputed_blocks`` reads back as ``k`` blocks); where the memory model
+cannot predict the run (a model it does not know, a plugin that does not answer ``ktrain_collect_memory``, an
+unknown GPU), every block recomputes and the origin says why. No torch here but ``gpu_memory``, which reads the
+GPUs a run on this machine would use.
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ def budget(plain_peak: int, gpu_memory: int) -> int:
     return min(plain_peak, int(GPU_SHARE * gpu_memory))
 
 
+def reads_as_pure_bf16(config: Any, capability: tuple[int, int] | None) -> bool:
+    """Whether the plain path of ``config`` (read without the GPU defaults) loads its weights in bf16, as Axolotl
+    does for ``bf16: true``: bf16 compute, no fp16, and ``bfloat16`` not written."""
+    bf16 = config.bf16 is True or (config.bf16 == "auto" and (capability is None or capability >= (8, 0)))
+    return bf16 and not config.fp16 and not config.is_set("bfloat16")
+
+
 def with_fraction(config: Any, fraction: float) -> Any:
     """``config`` with ``gradient_checkpointing_fraction`` set to ``fraction`` (its origin unchanged)."""
     sections = {
@@ -68,7 +77,7 @@ class FractionChoice:
         within = "within" if self.peak <= self.budget else "above (every block recomputed)"
         return (
             f"{self.recomputed} of {self.blocks} blocks recompute; predicted peak {self.peak / GIB:.1f} GiB {within} "
-            f"the budget {self.budget / GIB:.1f} GiB: the peak without the GPU defaults, {plain_peak / GIB:.1f} GiB, "
+            f"the budget {self.budget / GIB:.1f} GiB: the plain path's peak, {plain_peak / GIB:.1f} GiB, "
             f"at most {GPU_SHARE:.0%} of the GPU's {gpu_memory / GIB:.1f} GiB"
         )
 
@@ -95,7 +104,8 @@ def gpu_memory() -> int | None:
 
 def resolve_auto(plan: Plan, plain: Callable[[], Plan], memory: int | None) -> tuple[float, str]:
     """The number ``auto`` stands for in ``plan`` (a GPU run's), and why: ``plain()`` is the plan of the same config
-    without its GPU defaults, ``memory`` the GPU's (None: not known)."""
+    on the plain path (without its GPU defaults; bf16 weights where ``reads_as_pure_bf16``), ``memory`` the GPU's
+    (None: not known)."""
     config = plan.config
     try:
         shape = read_shape(config)
@@ -110,7 +120,7 @@ def resolve_auto(plan: Plan, plain: Callable[[], Plan], memory: int | None) -> t
     try:
         base = plain()
     except (ConfigError, PluginError) as e:
-        return 1.0, f"{every}: the config without its GPU defaults does not check ({str(e).splitlines()[0]})"
+        return 1.0, f"{every}: the config on the plain path does not check ({str(e).splitlines()[0]})"
     plain_prediction = predict(base.config, base.mesh, base.plugins, shape)
     if plain_prediction.not_modelled:
         return 1.0, f"{every}: the memory model does not predict {', '.join(plain_prediction.not_modelled)}"
