@@ -311,3 +311,33 @@ def test_bench_pairs_beside_trl_train_alike(adapter: str | None, tmp_path: Path)
     assert peer["first_loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert ours["last_loss"] < math.log(2) - 0.01  # the updates moved the policy away from its reference
     assert ours["last_loss"] == pytest.approx(peer["last_loss"], rel=1e-2 if adapter else 1e-3)
+
+
+def test_bench_pairs_times_the_precompute_pass_apart(tmp_path: Path) -> None:
+    """``--pairs`` under ``precompute_ref_log_probs``: the pairs become the preprocessing cache that the pass before
+    training reads, that pass (ktrain's and TRL's) is reported on a line of its own, outside tokens/s, and both sides
+    start at ln 2 (the precomputed reference is the policy as loaded)."""
+    model_dir(tmp_path, vocab_size=100)
+    keys = {
+        "base_model": str(tmp_path / "model"),
+        "random_init_weights": True,
+        "rl": "dpo",
+        "precompute_ref_log_probs": True,
+        "datasets": [{"path": str(tmp_path / "model"), "type": "chat_template.default"}],
+        "sequence_len": 32,
+        "micro_batch_size": 2,
+        "output_dir": str(tmp_path / "out"),
+        "seed": 3,
+    }
+    config = tmp_path / "dpo.yaml"
+    config.write_text(yaml.safe_dump(keys))
+    args = ("--pairs", "6:6", "--steps", "1", "--warmup", "1", "--peer", "trl")
+    report, stdout = bench_json(tmp_path, str(config), *args)
+    ours, peer = report["ktrain"], report["peer"]
+    assert [(p["name"], p["items"], p["unit"]) for p in ours["passes"]] == [("reference log-probabilities", 4, "pairs")]
+    assert [p["items"] for p in peer["passes"]] == [4]  # TRL's dataset: the pairs of each step, one step after another
+    assert all(p["seconds"] > 0 for p in ours["passes"] + peer["passes"])
+    assert "ktrain before training, not in tokens/s: reference log-probabilities of 4 pairs in " in stdout
+    assert "peer before training, not in tokens/s: reference log-probabilities of 4 pairs in " in stdout
+    assert ours["first_loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert peer["first_loss"] == pytest.approx(math.log(2), abs=1e-5)

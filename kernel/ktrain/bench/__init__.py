@@ -18,7 +18,10 @@ tokenized into the temporary run directory (or ``dataset_prepared_path``).
 
 With ``--pairs PROMPT:ANSWER`` (a preference config, ``rl``) the rows are random-token pairs, each a prompt
 and two answers in the sample layout of a preference format (``rows.PairRows``); ``--peer trl`` then times
-TRL's ``DPOTrainer`` on the same pairs first (``trl_peer``; trl is imported only then). With ``--peer axolotl``
+TRL's ``DPOTrainer`` on the same pairs first (``trl_peer``; trl is imported only then). Under a config's
+``precompute_ref_log_probs`` the pairs are written as the preprocessing cache the pass before training reads, and
+that pass (an objective's ``passes``; TRL's ``_precompute_ref_logps``) is reported apart from the steps. With
+``--peer axolotl``
 Axolotl itself trains the same YAML first, in a subprocess, and its log gives its side (``axolotl_peer``).
 
 With ``--peer hf`` the plain Hugging Face step (``peer``) runs first, on the same rows, and is freed

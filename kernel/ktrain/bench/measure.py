@@ -173,10 +173,13 @@ def measure(
         from ktrain.bench import trl_peer
 
         held = reset_memory(run.device)
-        timed, flops = trl_peer.run_trl_peer(cfg, data.train, run.pad_id, run.device, run.compute_dtype, warmup, steps)
+        timed, flops, passes = trl_peer.run_trl_peer(
+            cfg, data.train, run.pad_id, run.device, run.compute_dtype, warmup, steps
+        )
         report["peer_setup"] = trl_peer.describe(cfg, run.compute_dtype)
         padded = padding(data.train, timed_steps, pad_to)
         report["peer"] = _side("peer trl: DPOTrainer", timed, flops, peak, held, padded)
+        report["peer"]["passes"] = passes
     elif peer:
         # with --lengths the peer pads each micro-batch to its longest sample, as a user's collator does
         rows, packed, peer_pad_to = (
@@ -199,6 +202,8 @@ def measure(
     flops = report["formula"]["flops_per_token"]
     all_peaks = peak * run.world_size if peak else None
     report["ktrain"] = _side("ktrain", timed, flops, all_peaks, held, padding(data.train, timed_steps, pad_to))
+    # a pass over the data before the first step (precompute_ref_log_probs): timed by the objective, apart
+    report["ktrain"]["passes"] = list(getattr(trainer.objective, "passes", None) or [])
     report["ktrain"]["tokens_per_s_per_device"] = report["ktrain"]["tokens_per_s"] / run.world_size
     if getattr(cfg, "fp8", False) and all_peaks:  # the fp8 plugin's key: MFU against the FP8 peak too, labelled
         report["fp8_peak_tflops"] = peak * FP8_TO_BF16_PEAK / 1e12

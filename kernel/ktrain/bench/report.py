@@ -58,6 +58,13 @@ def describe_report(report: dict[str, Any]) -> str:
         sides = (("ktrain", report["ktrain"]), ("peer", report["peer"]))
         rates = [f"{name} {side['tokens_per_s'] / per_pair:,.1f}" for name, side in sides if side]
         lines.append(f"pairs/s ({per_pair:,.0f} tokens a pair): " + ", ".join(rates))
+    for name, side in (("ktrain", report["ktrain"]), ("peer", report["peer"])):
+        for done in (side or {}).get("passes") or ():  # before the first step: not in tokens/s above
+            rate = done["items"] / done["seconds"] if done["seconds"] > 0 else float("nan")
+            lines.append(
+                f"{name} before training, not in tokens/s: {done['name']} of {done['items']:,} {done['unit']} in "
+                f"{done['seconds']:.2f} s ({rate:,.1f} {done['unit']}/s)"
+            )
     if report.get("peer_setup"):
         lines.append(f"peer: {report['peer_setup']}")
     lines.extend(f"Axolotl's YAML: {difference}" for difference in report.get("peer_differences", []))

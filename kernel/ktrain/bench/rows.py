@@ -79,6 +79,10 @@ class PairRows:
     def step(self, step: int) -> list[list[list[list[Example]]]]:
         return self.batches[step % 2]
 
+    def samples(self) -> list[Example]:
+        """Every pair once, as its sample (both global batches)."""
+        return [self._sample(p, c, r) for p, c, r in self.pairs]
+
     def columns(self, steps: int) -> dict[str, list[list[int]]]:
         """The pairs of ``steps`` steps as TRL's ``prompt_ids``, ``chosen_ids`` and ``rejected_ids``."""
         per_step = self.rows_per_step
@@ -161,3 +165,16 @@ def variable_length_rows(
     packed = pack(lengths, config.sequence_len, config.sample_packing_method, config.seed)
     ours = SampleRows(samples, packed if config.sample_packing else single, micro, accum, config.seed)
     return ours, SampleRows(samples, single, peer_micro, accum, config.seed)
+
+
+def pad_tokenizer(pad_id: int) -> Any:
+    """A tokenizer that only knows its pad token, for rows that are token ids already: TRL wants one, and so does
+    the preprocessing cache that ``--pairs`` writes under ``precompute_ref_log_probs``."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"<pad{i}>": i for i in range(pad_id + 1)}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token=f"<pad{pad_id}>")))
+    tokenizer.pad_token = tokenizer.eos_token = f"<pad{pad_id}>"
+    return tokenizer

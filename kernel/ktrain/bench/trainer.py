@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import shutil
 from typing import Any
 
 import torch
 
-from ktrain.bench.rows import FetchedRows, Lengths, PairRows, Pairs, SampleRows, SyntheticRows, variable_length_rows
+from ktrain.bench.rows import (
+    FetchedRows,
+    Lengths,
+    PairRows,
+    Pairs,
+    SampleRows,
+    SyntheticRows,
+    pad_tokenizer,
+    variable_length_rows,
+)
 from ktrain.bench.timing import Timeline
 from ktrain.config.report import ConfigError
-from ktrain.data import pipeline, templates
-from ktrain.data.examples import Example
+from ktrain.data import cache, pipeline, templates
+from ktrain.data.examples import Example, TableBuilder
 from ktrain.data.pipeline import TrainData
 from ktrain.data.stream import StreamRows
 from ktrain.run import distributed
@@ -62,7 +72,10 @@ class BenchTrainer(Trainer):
             source = config.base_model_config or config.base_model
             vocab = transformers.AutoConfig.from_pretrained(source, trust_remote_code=config.trust_remote_code)
             if pairs:
-                return TrainData(PairRows(vocab.vocab_size, config, *pairs), [], False, False, [])
+                rows = PairRows(vocab.vocab_size, config, *pairs)
+                if getattr(config, "precompute_ref_log_probs", False):  # the preference plugin's key
+                    self._cache_pairs(rows)
+                return TrainData(rows, [], False, False, [])
             if lengths:
                 ours, self.peer_rows = variable_length_rows(vocab.vocab_size, config, *lengths, steps=steps)
                 return TrainData(ours, [], config.sample_packing, False, [])
@@ -78,6 +91,20 @@ class BenchTrainer(Trainer):
         if isinstance(data.train, StreamRows):
             data.train = FetchedRows(data.train, steps)
         return data
+
+    def _cache_pairs(self, rows: PairRows) -> None:
+        """The pairs as the run's preprocessing cache, which a pass before the first step reads as in a run
+        (``precompute_ref_log_probs``); written afresh, so that the pass runs, and is timed, every time."""
+        run = self.run
+        run.tokenizer = pad_tokenizer(run.pad_id)
+        folder = pipeline.cache_folder(run.config, run.output_dir, run.tokenizer, run.plan.formats)
+        if run.local_rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+            builder = TableBuilder()
+            for sample in rows.samples():
+                builder.add(sample.input_ids, sample.labels)
+            cache.write(folder, cache.Prepared(builder.table(), None, []))
+        distributed.barrier()
 
     def build(self, data: TrainData, total_steps: int) -> None:
         """Load, wrap, parallelize and shard the model through the plugins, as a run does."""

@@ -20,26 +20,15 @@ from __future__ import annotations
 import copy
 import math
 import tempfile
+import time
 from typing import Any
 
 import torch
 
 from ktrain.bench.peer import build_model
-from ktrain.bench.rows import PairRows
+from ktrain.bench.rows import PairRows, pad_tokenizer
 from ktrain.bench.timing import Timed, Timeline, peak_memory_gib
 from ktrain.run.metrics import flops_per_token
-
-
-def _tokenizer(pad_id: int) -> Any:
-    """A tokenizer that only knows its pad token: TRL wants one, and the pairs are token ids already."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"<pad{i}>": i for i in range(pad_id + 1)}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token=f"<pad{pad_id}>")))
-    tokenizer.pad_token = tokenizer.eos_token = f"<pad{pad_id}>"
-    return tokenizer
 
 
 def _lora_config(config: Any) -> Any:
@@ -65,14 +54,17 @@ def describe(config: Any, compute_dtype: torch.dtype) -> str:
 
     dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(compute_dtype, "fp32")
     what = "LoRA, adapter off as reference" if _lora_config(config) else "frozen copy as reference"
+    if getattr(config, "precompute_ref_log_probs", False):
+        what += ", its log-probabilities precomputed (no reference model held)"
     return f"TRL {trl.__version__} DPOTrainer: fp32 weights + {dtype} autocast, {what}"
 
 
 def run_trl_peer(
     config: Any, pairs: PairRows, pad_id: int, device: torch.device, compute_dtype: torch.dtype, warmup: int, steps: int
-) -> tuple[Timed, float]:
-    """Build TRL's ``DPOTrainer`` on ``pairs`` and time its steps; return the timing and the training FLOPs a
-    token of the model. Everything it built is freed when it returns."""
+) -> tuple[Timed, float, list[dict[str, Any]]]:
+    """Build TRL's ``DPOTrainer`` on ``pairs`` and time its steps; return the timing, the training FLOPs a token of
+    the model, and its pass before training under ``precompute_ref_log_probs`` (timed apart, as on the ktrain
+    side; TRL computes every pair of its dataset, one a step). Everything it built is freed when it returns."""
     import datasets
     from transformers import TrainerCallback
     from trl import DPOConfig, DPOTrainer
@@ -80,7 +72,8 @@ def run_trl_peer(
     torch.manual_seed(config.seed)
     model = build_model(config, device, "mixed")
     lora = _lora_config(config)
-    reference = None if lora else copy.deepcopy(model)
+    precompute = bool(getattr(config, "precompute_ref_log_probs", False))  # the preference plugin's key
+    reference = None if lora or precompute else copy.deepcopy(model)
     timeline = Timeline(device)
     total = warmup + steps
     found: dict[str, Any] = {}
@@ -107,6 +100,13 @@ def run_trl_peer(
 
         def _prepare_dataset(self, dataset: Any, *args: Any, **kwargs: Any) -> Any:
             return dataset
+
+        def _precompute_ref_logps(self, dataset: Any, name: str, batch_size: int) -> Any:
+            start = time.perf_counter()
+            out = super()._precompute_ref_logps(dataset, name, batch_size)
+            done = {"name": "reference log-probabilities", "seconds": time.perf_counter() - start}
+            found.setdefault("passes", []).append({**done, "items": len(dataset), "unit": "pairs"})
+            return out
 
         def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
             out = super().compute_loss(*args, **kwargs)
@@ -135,6 +135,7 @@ def run_trl_peer(
             gradient_checkpointing=bool(config.gradient_checkpointing),
             beta=config.rl_beta if config.rl_beta is not None else 0.1,
             loss_type=["sigmoid"],
+            precompute_ref_log_probs=precompute,
             max_length=config.sequence_len,
             logging_first_step=True,
             logging_steps=10**9,
@@ -148,7 +149,7 @@ def run_trl_peer(
             ref_model=reference,
             args=args,
             train_dataset=datasets.Dataset.from_dict(pairs.columns(total)),
-            processing_class=_tokenizer(pad_id),
+            processing_class=pad_tokenizer(pad_id),
             peft_config=lora,
             callbacks=[Marks()],
         )
@@ -159,4 +160,4 @@ def run_trl_peer(
         del trainer, model, reference
     seconds, parts, state = found["stopped"]
     timed = Timed(steps, pairs.tokens_per_step * steps, seconds, parts, first, last, found["peak"], state)
-    return timed, flops
+    return timed, flops, found.get("passes", [])

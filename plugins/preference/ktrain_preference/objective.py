@@ -73,6 +73,8 @@ class PairObjective:
         self.reference, self.head, self.attention = reference, head, attention
         # precompute_ref_log_probs: each sample's reference (chosen, rejected) log-probabilities by its digest
         self.precomputed: dict[bytes, tuple[float, float]] | None = None
+        # what ran over the data before the first step (the precompute pass): name, seconds, items, unit
+        self.passes: list[dict[str, Any]] = []
         self.device = device
         self.sums = torch.zeros(len(METRICS) + 1, dtype=torch.float64, device=device)  # the metrics, then pairs
 

@@ -7,7 +7,8 @@ answers, in the layout training collates them in (``ktrain_preference.layout``).
 and sum their parts. They are kept beside the cache's tables, in a file
 named by the model and the compute dtype, so a resumed run (or the next run on the same data and model)
 reads them. A sample is found again by a digest of its tokens and labels. Training then holds no reference
-model and runs no reference forward.
+model and runs no reference forward. The pass's time is left on the objective (``passes``), which
+``ktrain bench`` reports apart from the training steps.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +81,11 @@ def precomputed(run: Any, objective: Any, model: Any) -> dict[bytes, tuple[float
         tables = [t for t in (prepared.train, prepared.test) if t is not None]
         samples = [table[i] for table in tables for i in range(len(table))]
         off = model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext()
+        start = time.perf_counter()
         with off:
-            values = _compute(run, objective, model, samples)
+            values = _compute(run, objective, model, samples)  # ends on the host: the device has finished
+        objective.passes = [{"name": "reference log-probabilities", "seconds": time.perf_counter() - start,
+                             "items": len(samples), "unit": "pairs"}]  # fmt: skip
         if run.local_rank == 0:
             digests = b"".join(sample_key(s.input_ids, s.labels) for s in samples)
             keys = np.frombuffer(digests, dtype=np.uint8).reshape(len(samples), 16)
