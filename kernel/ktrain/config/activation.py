@@ -21,6 +21,7 @@ import attrs
 import pluggy
 
 from ktrain import DISTRIBUTION, ENTRY_POINT_GROUP, PROJECT, __version__, hookspecs
+from ktrain.config.static_hooks import implemented_hooks
 from ktrain.plugins import (
     DEFAULT_OWNERS,
     KERNEL_ENTRY,
@@ -73,13 +74,26 @@ def _check_owned_hooks(plugins: Plugins, info: PluginInfo, obj: Any, roles: tupl
         role = OWNED_HOOKS.get(caller.name)
         if role is None or role in roles:
             continue
-        if obj is info.module:
-            where = f"in its entry module {info.module.__name__}, which takes part in every run"
-            fix = f"move it to a runtime object activated with activate(obj, roles=('{role}',))"
-        else:
-            where = f"on its runtime object {type(obj).__name__} without claiming the role '{role}'"
-            fix = f"pass roles=('{role}', ...) to activate(), or remove the hook"
+        if obj is not info.module:
+            raise _unclaimed(info, caller.name, type(obj).__name__, role)
+        where = f"in its entry module {info.module.__name__}, which takes part in every run"
+        fix = f"move it to a runtime object activated with activate(obj, roles=('{role}',))"
         raise PluginError(f"plugin {info.describe()} implements {caller.name} {where}: {fix}")
+
+
+def _check_owned_hooks_of_target(info: PluginInfo, target: str, roles: tuple[str, ...]) -> None:
+    """``_check_owned_hooks`` for a lazy ``"module:attribute"``, on the hooks its module's source shows."""
+    for class_name, hook in implemented_hooks(target):
+        role = OWNED_HOOKS.get(hook)
+        if role is not None and role not in roles:
+            raise _unclaimed(info, hook, class_name, role)
+
+
+def _unclaimed(info: PluginInfo, hook: str, class_name: str, role: str) -> PluginError:
+    return PluginError(
+        f"plugin {info.describe()} implements {hook} on its runtime object {class_name} without claiming the "
+        f"role '{role}': pass roles=('{role}', ...) to activate(), or remove the hook"
+    )
 
 
 def _check_pending(plugins: Plugins) -> None:
@@ -108,12 +122,13 @@ def activate(plugins: Plugins, config: Any, *, with_defaults: bool) -> list[tupl
     A plugin passes ``activate`` its runtime object, or the ``"module:attribute"`` of a callable that
     builds it from the config (a class taking the config, or a factory): that one is built only with
     ``with_defaults`` (on the ranks, and in the commands that load a model), so the config phase imports
-    no runtime module. With ``with_defaults`` the kernel's default owners (which import torch) are
-    registered for the roles nobody claimed too. Returns ``(config key, message)`` for what the checks can
-    go on after: a role claimed by a second plugin (both named, with their distributions, versions and
-    keys; the second is left out) and an unconditional requirement of an active plugin's distribution that
-    is not installed (with the command that installs it). Raises ``PluginError`` for an object that is not
-    valid.
+    no runtime module: it reads the module's source for the role hooks the object will answer
+    (``ktrain.config.static_hooks``) and refuses one whose role is not claimed. With ``with_defaults``
+    the kernel's default owners (which import torch) are registered for the roles nobody claimed too.
+    Returns ``(config key, message)`` for what the checks can go on after: a role claimed by a second
+    plugin (both named, with their distributions, versions and keys; the second is left out) and an
+    unconditional requirement of an active plugin's distribution that is not installed (with the command
+    that installs it). Raises ``PluginError`` for an object that is not valid.
     """
     claimed: dict[str, Activation] = {}
     problems: list[tuple[str, str]] = []
@@ -133,6 +148,7 @@ def activate(plugins: Plugins, config: Any, *, with_defaults: bool) -> list[tupl
             if isinstance(obj, str) and (missing or not with_defaults):
                 if not missing:
                     _check_target(_info, obj)
+                    _check_owned_hooks_of_target(_info, obj, act.roles)
                 plugins.activations.append(act)
                 return
             if isinstance(obj, str):
