@@ -29,7 +29,7 @@ class Fsdp:
 
     @hookimpl
     def ktrain_shard_frozen(self, module: Any, run: Any) -> Any:
-        """FSDP2: the frozen module sharded over the policy's mesh, forward only; FSDP1: None (whole on every rank)."""
+        """FSDP2: the frozen module sharded over the policy's mesh, forward only; FSDP1: whole on every rank."""
         from ktrain_fsdp.sharding import shard_frozen
 
         return shard_frozen(module, run, self.options)

@@ -105,9 +105,17 @@ def shard_frozen(module: Any, run: Any, options: FsdpOptions) -> Any:
     the same units and the root over the same mesh, with the same mixed-precision and offload policies; every
     unit, the root too, gives its parameters back after its forward (no backward follows). Under
     ``cpu_ram_efficient_loading`` rank 0's copy fills the other ranks' shards, as for the policy. FSDP1
-    keeps it whole on every rank (None)."""
+    keeps it whole on every rank (None), under ``cpu_ram_efficient_loading`` rank 0's copy broadcast to the
+    others (theirs is empty)."""
     if options.version != 2:
-        return None
+        if not options.cpu_ram_efficient_loading:
+            return None
+        from ktrain_fsdp.fsdp1 import broadcast_from_rank0
+
+        if not any(p.is_meta for p in module.parameters()):  # rank 0: its copy, on the device the others take
+            module.to(run.device)
+        broadcast_from_rank0(module, run.device)
+        return module
     from ktrain_fsdp.fsdp2 import apply_fsdp2
 
     mesh = data_parallel_mesh(run, options)

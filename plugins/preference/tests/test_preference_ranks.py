@@ -1,9 +1,9 @@
-"""DPO on 2 CPU ranks: DDP, FSDP2 and ZeRO-3 give the losses of one process (global batch 8 as 1 rank x 2
+"""DPO on 2 CPU ranks: DDP, FSDP1, FSDP2 and ZeRO-3 give the losses of one process (global batch 8 as 1 rank x 2
 micro-batches of 4, and as 2 ranks x 1); under FSDP2 and ZeRO-3 the frozen reference is sharded like the policy,
-each rank holding half of it (under FSDP2's loading on rank 0 alone too), and a DDP run killed mid-step resumes
-from its checkpoint and continues exactly. The DDP run precomputes its reference log-probabilities
-(precompute_ref_log_probs), holding no reference model: its losses are those of the one process's live reference,
-and the resumed run reads them back. Every run computes a pair's prompt once for both answers
+each rank holding half of it (under FSDP2's loading on rank 0 alone too; FSDP1 keeps it whole), and a DDP run
+killed mid-step resumes from its checkpoint and continues exactly. The DDP run precomputes its reference
+log-probabilities (precompute_ref_log_probs), holding no reference model: its losses are those of the one process's
+live reference, and the resumed run reads them back. Every run computes a pair's prompt once for both answers
 (ktrain_preference.layout)."""
 
 from __future__ import annotations
@@ -81,6 +81,15 @@ def test_fsdp2_loading_on_rank_0_fills_the_sharded_reference(root: Path) -> None
     assert done.returncode == 0, done.stderr[-3000:]
     _halves(done.stdout)
     _same_losses(root, "fsdp2-rank0")
+
+
+def test_fsdp1_loading_on_rank_0_gives_every_rank_the_whole_reference(root: Path) -> None:
+    """FSDP1 keeps the reference whole; under its loading on rank 0 alone, rank 0's copy goes to every rank."""
+    config = _config(root, "fsdp1-rank0", fsdp_version=1, fsdp_config={"fsdp_cpu_ram_efficient_loading": True})
+    done = ktrain("run", str(config), "--nproc-per-node", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the reference is whole on every rank: the ranks hold 86,848, 86,848 of its 86,848" in done.stdout
+    _same_losses(root, "fsdp1-rank0")
 
 
 def test_zero3_two_ranks_with_a_frozen_reference_match_one_process(root: Path) -> None:
