@@ -138,8 +138,11 @@ def predict(config: Any, mesh: MeshPlan, plugins: Any, shape: ModelShape | None 
     sharding = given.get("sharding") or DataParallel(mesh.gradient_ranks)
     states = sharding.states(weights, optimizer, rank)
     pairs: PairsModel | None = given.get("pairs")
-    if pairs and pairs.reference_copy:  # a frozen copy of the model as loaded, whole on every rank
-        states = attrs.evolve(states, parameters=states.parameters + sum(w.bytes for w in parallel.split(loaded)))
+    if pairs and pairs.reference_copy:  # a frozen copy of the model as loaded: what this rank holds of it
+        copy = parallel.split(loaded)
+        held = getattr(sharding, "frozen_copy", None)
+        reference = held(copy, rank) if held is not None else sum(w.bytes for w in copy)
+        states = attrs.evolve(states, parameters=states.parameters + reference)
     tokens = config.micro_batch_size * config.sequence_len * (pairs.rows if pairs else 1) // parallel.cp
     element = getattr(sharding, "weight_bytes", None) or next(w.element_bytes for w in weights if w.kind == "embedding")
     checkpointing = given.get("checkpointing", kernel_checkpointing(config))

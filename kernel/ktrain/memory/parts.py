@@ -129,6 +129,10 @@ class ShardingModel(Protocol):
 
     ``weight_bytes``, when not None, is the dtype the sharding computes with (FSDP's mixed precision,
     DeepSpeed's bf16): the residual stream between blocks is kept in it.
+
+    A model may also give ``frozen_copy(weights, rank) -> int``: the bytes rank ``rank`` holds of a frozen copy
+    of ``weights`` that its plugin shards (``ktrain_shard_frozen``, e.g. a preference run's reference); without
+    it the copy is counted whole on every rank.
     """
 
     name: str

@@ -49,6 +49,14 @@ class ZeroMemory:
     def _element(self, w: Weight) -> float:
         return 2 if self.bf16 and w.element_bytes == 4 else w.element_bytes
 
+    def frozen_copy(self, weights: Sequence[Weight], rank: int) -> int:
+        """What each rank holds of a frozen copy of ``weights`` (``ktrain_shard_frozen``): ZeRO-3 partitions every
+        weight (in bf16 under bf16; DeepSpeed keeps weights below its persistence threshold whole, not counted,
+        as for the trained weights); ZeRO-1/2 keep it whole."""
+        if self.stage != 3:
+            return sum(w.bytes for w in weights)
+        return sum(math.ceil(math.ceil(w.numel / self.ranks) * self._element(w)) for w in weights)
+
     def states(self, weights: Sequence[Weight], optimizer: OptimizerModel, rank: int) -> ModelStates:
         """What each rank holds: weights (whole or partitioned), fp32 partitions, their gradients and states."""
         trained = [w for w in weights if w.trainable]

@@ -59,18 +59,29 @@ class FsdpMemory:
         """FSDP computes with weights gathered in the compute dtype."""
         return self.compute_bytes
 
+    def _shard(self, w: Weight, rank: int) -> tuple[int, int]:
+        """FSDP2's shard of ``w`` on ``rank``: its bytes (padded rows) and the elements it holds."""
+        rows, *rest = w.shape
+        per_row = math.prod(rest) if rest else 1
+        padded, held = chunk_rows(rows, self.ranks, rank)
+        return math.ceil(padded * per_row * w.element_bytes) + w.extra_bytes, held * per_row
+
     def _fsdp2(self, weights: Sequence[Weight], optimizer: OptimizerModel, rank: int) -> tuple[int, int, int]:
         params = grads = states = 0
         for w in weights:
-            rows, *rest = w.shape
-            per_row = math.prod(rest) if rest else 1
-            padded, held = chunk_rows(rows, self.ranks, rank)
-            shard = math.ceil(padded * per_row * w.element_bytes) + w.extra_bytes
+            shard, held = self._shard(w, rank)
             params += shard
             if w.trainable:
                 grads += shard
-                states += optimizer.state_bytes(held * per_row, w.element_bytes)
+                states += optimizer.state_bytes(held, w.element_bytes)
         return params, grads, states
+
+    def frozen_copy(self, weights: Sequence[Weight], rank: int) -> int:
+        """What ``rank`` holds of a frozen copy of ``weights`` (``ktrain_shard_frozen``): FSDP2 shards it as it
+        shards the weights; FSDP1 keeps it whole."""
+        if self.options.version != 2:
+            return sum(w.bytes for w in weights)
+        return sum(self._shard(w, rank)[0] for w in weights)
 
     def _fsdp1(self, weights: Sequence[Weight], optimizer: OptimizerModel) -> tuple[int, int, int]:
         params = grads = states = 0

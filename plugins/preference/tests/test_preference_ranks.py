@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from ktrain.config.plan import prepare
+from ktrain.memory.model import predict
 from ktrain.testing import ktrain, model_dir, read_metrics, write_config
 
 STEPS = 4
@@ -50,14 +52,22 @@ def _config(root: Path, name: str, **keys: object) -> Path:
     )
 
 
-def _halves(stdout: str) -> None:
-    """Each of the 2 ranks holds half of the reference's parameters (as each rank measured them)."""
+def _halves(stdout: str) -> int:
+    """Each of the 2 ranks holds half of the reference's parameters (as each rank measured them); returns rank 0's."""
     pattern = r"reference is sharded like the policy: the ranks hold ([\d,]+), ([\d,]+) of its ([\d,]+)"
     found = re.search(pattern, stdout)
     assert found, stdout[-3000:]
     first, second, total = (int(v.replace(",", "")) for v in found.groups())
     for mine in (first, second):
         assert mine == pytest.approx(total / 2, rel=0.02), (first, second, total)
+    return first
+
+
+def _predicted_reference(config: Path) -> int:
+    """``ktrain plan``'s bytes of the reference on rank 0 of 2: what its copy adds to the predicted parameters."""
+    plans = [prepare(config, sets, world_size=2) for sets in ([], ["precompute_ref_log_probs=true"])]
+    with_copy, without = (predict(p.config, p.mesh, p.plugins).states.parameters for p in plans)
+    return with_copy - without
 
 
 def _same_losses(root: Path, name: str) -> None:
@@ -68,9 +78,10 @@ def _same_losses(root: Path, name: str) -> None:
 
 
 def test_fsdp2_two_ranks_match_one_process(root: Path) -> None:
-    done = ktrain("run", str(_config(root, "fsdp2", fsdp_version=2)), "--nproc-per-node", "2")
+    config = _config(root, "fsdp2", fsdp_version=2)
+    done = ktrain("run", str(config), "--nproc-per-node", "2")
     assert done.returncode == 0, done.stderr[-3000:]
-    _halves(done.stdout)
+    assert _predicted_reference(config) == 4 * _halves(done.stdout)  # fp32
     _same_losses(root, "fsdp2")
 
 
@@ -89,14 +100,17 @@ def test_fsdp1_loading_on_rank_0_gives_every_rank_the_whole_reference(root: Path
     done = ktrain("run", str(config), "--nproc-per-node", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "the reference is whole on every rank: the ranks hold 86,848, 86,848 of its 86,848" in done.stdout
+    assert _predicted_reference(config) == 4 * 86_848
     _same_losses(root, "fsdp1-rank0")
 
 
 def test_zero3_two_ranks_with_a_frozen_reference_match_one_process(root: Path) -> None:
-    done = ktrain("run", str(_config(root, "zero3", deepspeed="zero3")), "--nproc-per-node", "2")
+    config = _config(root, "zero3", deepspeed="zero3")
+    done = ktrain("run", str(config), "--nproc-per-node", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "the reference is a frozen copy of the model as loaded" in done.stdout
-    _halves(done.stdout)
+    # DeepSpeed keeps its weights below the persistence threshold (the norms: 320 of 43,744 here) whole
+    assert _predicted_reference(config) == pytest.approx(4 * _halves(done.stdout), rel=0.01)
     _same_losses(root, "zero3")
 
 
