@@ -5,8 +5,8 @@
 # sides load them from disk. Reports land in $OUT/b; docs/performance.md ("Beside Axolotl") quotes them.
 #   run: bash tools/device/axolotl_bench.sh   (carry .device/axolotl_whl: ktrain's wheels (pluggy, attrs, cattrs,
 #   ruamel.yaml, liger-kernel, torchao 0.17.0, bitsandbytes) and Axolotl's, made here with `pip download --no-deps`:
-#   axolotl 0.19.0, axolotl-contribs-mit 0.0.6/-lgpl 0.0.7 (source archives: `pip wheel --no-deps` them), trl 1.9.0 (Axolotl imports trl.experimental.prm, gone in later
-#   trl), addict, fire, termcolor, colorama, fastcore, evaluate, posthog, backoff, distro, and for a device without
+#   axolotl 0.19.0, axolotl-contribs-mit 0.0.6 and -lgpl 0.0.7 (source archives: `pip wheel --no-deps` them),
+#   trl 1.9.0 (Axolotl imports trl.experimental.prm, gone in later trl), addict, fire, termcolor, colorama, fastcore, evaluate, posthog, backoff, distro, and for a device without
 #   them datasets, dill, multiprocess, xxhash, fsspec, pydantic, pydantic-core and the like
 #   (`--only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64`); installed only where missing.
 #   numba (only imported on this path: its @njit packs samples, and no run here packs) and wandb (imported by
