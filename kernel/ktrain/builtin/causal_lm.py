@@ -7,9 +7,8 @@ from typing import Any
 import torch
 
 from ktrain import hookimpl
-from ktrain.data.batches import collate, row_trained
+from ktrain.data.batches import collate, row_trained, to_device
 from ktrain.data.examples import Example
-from ktrain.run.trainer import to_device
 
 
 class CausalLM:

@@ -25,6 +25,17 @@ MEGA_BATCH_STEPS = 50
 """Steps of a mega-batch sorted by length (``group_by_length``), at most; fewer when the epoch has under 200."""
 
 
+def to_device(value: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``value`` copied to ``device``; on CUDA from pinned memory, so the host queues the copy and goes on.
+
+    A copy from ordinary (pageable) memory first waits for all work already queued on the device, which
+    would stop the host from queuing the next step while the device finishes this one.
+    """
+    if device.type == "cuda" and value.device.type == "cpu":
+        value = value.pin_memory()
+    return value.to(device, non_blocking=True)
+
+
 @attrs.frozen(cache_hash=True)
 class BatchPlan:
     """Rows of ``n`` examples cut into global batches of ``micro × accum × dp_size`` rows per step; with
@@ -141,7 +152,9 @@ def collate(
         documents[i, at:] = len(row)
     batch: dict[str, Any] = {"input_ids": ids, "labels": labels, "position_ids": positions}
     if "flash" not in packed_attention:
-        batch["attention_mask"] = document_mask(documents.to(mask_device or "cpu"), packed_attention)
+        batch["attention_mask"] = document_mask(
+            to_device(documents, mask_device or torch.device("cpu")), packed_attention
+        )
     return batch
 
 

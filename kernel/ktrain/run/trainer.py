@@ -23,7 +23,7 @@ import torch
 
 from ktrain.config.report import ConfigError
 from ktrain.data import pipeline
-from ktrain.data.batches import PlannedRows, row_tokens
+from ktrain.data.batches import PlannedRows, row_tokens, to_device
 from ktrain.data.examples import Example
 from ktrain.data.pipeline import TrainData
 from ktrain.data.preprocess import chat_ready
@@ -34,17 +34,6 @@ from ktrain.run.early_stop import EarlyStop
 from ktrain.run.faults import maybe_fault
 from ktrain.run.host_loss import HostLoss
 from ktrain.run.metrics import MetricsLog, flops_per_token, open_sinks, peak_flops, peak_memory_gib
-
-
-def to_device(value: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``value`` copied to ``device``; on CUDA from pinned memory, so the host queues the copy and goes on.
-
-    A copy from ordinary (pageable) memory first waits for all work already queued on the device, which
-    would stop the host from queuing the next step while the device finishes this one.
-    """
-    if device.type == "cuda" and value.device.type == "cpu":
-        value = value.pin_memory()
-    return value.to(device, non_blocking=True)
 
 
 class Trainer:

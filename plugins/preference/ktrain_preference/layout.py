@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ktrain.data.batches import document_mask
+from ktrain.data.batches import document_mask, to_device
 from ktrain.data.formats import IGNORE
 from ktrain_preference.pairs import split
 
@@ -147,5 +147,5 @@ def shared_rows(samples: list[Any], pad_id: int, attention: str, whole_chosen: b
         segments[i, :p], segments[i, p:c], segments[i, c:end] = PROMPT, CHOSEN, REJECTED
         scores.sequence(chosen, chosen_labels, i, torch.arange(c), i, 2 * n + i if whole_chosen else None)
         scores.sequence(rejected, rejected_labels, i, torch.cat([torch.arange(p), torch.arange(c, end)]), n + i, None)
-    mask = document_mask(segments.to(device or "cpu"), attention, prefix=PROMPT)
+    mask = document_mask(to_device(segments, torch.device(device or "cpu")), attention, prefix=PROMPT)
     return {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **scores.tensors()}
