@@ -13,7 +13,8 @@
 #   Axolotl's callbacks, unused without wandb_project) and Pillow (Axolotl's config imports PIL.Image.Resampling for its
 #   image settings) are replaced by stand-ins where missing: their wheels (llvmlite alone 60 MB) do not fit in
 #   what a device call carries.)
-# WHEELS, CONFIGS ("NAME:WEIGHTS[:KEY=VALUE]" items: beside Axolotl), ALONE (items of ktrain alone, after them),
+# WHEELS, CONFIGS ("NAME:WEIGHTS[:KEY=VALUE]" items: beside Axolotl; blank: no Axolotl run, and ktrain's wheels
+# alone will do), ALONE (items of ktrain alone, after them),
 # PROFILE (one item: 3 steps of ktrain's side profiled, to $OUT/b/profile_NAME.txt), BENCH_ARGS, BENCH_TIMEOUT
 # (s; each run's, cut to what is left of DEADLINE, the seconds from the start for all of them) choose what runs.
 set -u
@@ -48,7 +49,8 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s
 mkdir -p "$OUT/b"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python -c "import torch, transformers, peft, accelerate, trl, datasets, axolotl; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'accelerate', accelerate.__version__, 'trl', trl.__version__, 'datasets', datasets.__version__, 'axolotl', axolotl.__version__)" 2>&1 | tail -1
-if ! python -c "import axolotl.cli.train, axolotl.core.builders, axolotl.utils.callbacks" > /tmp/import.txt 2>&1; then
+PEERED=$(echo ${CONFIGS-llama_1p5b:llama_1p5b llama_8b_qlora:llama_8b llama_1p5b:llama_1p5b:gradient_checkpointing=true})
+if [ -n "$PEERED" ] && ! python -c "import axolotl.cli.train, axolotl.core.builders, axolotl.utils.callbacks" > /tmp/import.txt 2>&1; then
   echo "axolotl does not import:"; grep -v Warning /tmp/import.txt | tail -6; exit 3
 fi
 bench() {  # ITEM [ARGS...]: one `ktrain bench` of configs/bench/NAME.yaml on the weights of WEIGHTS, to $OUT/b/TAG.*
@@ -67,7 +69,7 @@ bench() {  # ITEM [ARGS...]: one `ktrain bench` of configs/bench/NAME.yaml on th
   tr '\r' '\n' < "$OUT/b/$tag.txt" | grep -E "^(ktrain|peer|Axolotl's YAML|device while)" | grep -v "^ktrain bench" | cut -c1-220
   [ $rc -eq 0 ] || tr '\r' '\n' < "$OUT/b/$tag.txt" | grep -v -i "warn" | tail -8 | cut -c1-300
 }
-for item in ${CONFIGS:-llama_1p5b:llama_1p5b llama_8b_qlora:llama_8b llama_1p5b:llama_1p5b:gradient_checkpointing=true}; do
+for item in $PEERED; do
   bench "$item" --peer axolotl ${BENCH_ARGS:---warmup 3 --steps 10} --json "$OUT/b/TAG.json"
 done
 for item in ${ALONE:-}; do
