@@ -3,8 +3,9 @@
 A scored token is given by its row, the position whose hidden state predicts it, and its id: ``at`` is a
 ``[3, tokens]`` tensor of the three. ``add_logps_head(model)`` gives a causal LM's ``forward`` a keyword
 ``logps_at``: with it, the forward runs the backbone and returns the ``[tokens]`` fp32 log-probabilities,
-computed at those positions only, a chunk of them at a time under activation checkpointing: no
-``[batch, length, vocab]`` logits exist, in fp32 or at all, and the backward recomputes each chunk's logits.
+computed at those positions only, a chunk of them at a time: no ``[batch, length, vocab]`` logits exist, in
+fp32 or at all. A trained output layer's chunks run under activation checkpointing (the backward recomputes
+their logits); a frozen one's (LoRA, QLoRA) give each token's gradient in the forward, and are computed once.
 Explicit positions let two answers that follow one prompt in one row both be predicted from the prompt's last
 position. The forward is patched on the instance, so data parallelism's wrappers, an adapter (which calls
 the base model's forward) and sharding hooks see one ordinary call of the model. Where the output layer is
@@ -50,13 +51,49 @@ def _rows_logps(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
 
 def chunked(hidden: torch.Tensor, weight: torch.Tensor, at: torch.Tensor, rows: int) -> torch.Tensor:
     """``[tokens]`` log-probabilities of the tokens ``at[2]`` for the logits ``hidden[at[0], at[1]] @ weight.T``,
-    ``rows`` tokens at a time; no other position is computed."""
+    ``rows`` tokens at a time; no other position is computed. A frozen ``weight`` (an adapter's base, a reference)
+    takes ``FrozenHeadLogps``; a trained one recomputes each chunk's logits in the backward."""
     picked_hidden, picked = hidden[at[0], at[1]], at[2]
+    if not weight.requires_grad:
+        return FrozenHeadLogps.apply(picked_hidden, weight, picked, rows)
     parts = [
         checkpoint(_rows_logps, picked_hidden[i : i + rows], weight, picked[i : i + rows], use_reentrant=False)
         for i in range(0, len(picked), rows)
     ]
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32, device=hidden.device)
+
+
+class FrozenHeadLogps(torch.autograd.Function):
+    """Log-probabilities through a frozen output layer, each token's gradient found in the forward.
+
+    A token's log-probability depends on its own hidden state alone, so its gradient with respect to that state
+    is one vector, ``(onehot - softmax) @ weight``, whatever the loss does with it; the forward computes it while
+    the chunk's logits exist (fp32, ``[tokens, hidden]``), and the backward scales it by the incoming gradient.
+    The logits are computed once, not again in the backward.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: int) -> Any:
+        wanted = ctx.needs_input_grad[0]
+        values = torch.empty(len(targets), dtype=torch.float32, device=hidden.device)
+        slopes = torch.empty((len(targets) if wanted else 0, hidden.shape[1]), dtype=torch.float32, device=hidden.device)
+        for i in range(0, len(targets), rows):
+            logits = (hidden[i : i + rows] @ weight.t()).float()
+            chunk = targets[i : i + rows].unsqueeze(-1)
+            norm = logits.logsumexp(-1, keepdim=True)
+            values[i : i + rows] = (logits.gather(-1, chunk) - norm).squeeze(-1)
+            if wanted:
+                slope = logits.sub_(norm).exp_().neg_()  # -softmax, in place of the logits
+                slope.scatter_add_(-1, chunk, torch.ones_like(chunk, dtype=slope.dtype))
+                slopes[i : i + rows] = (slope.to(weight.dtype) @ weight).float()
+        ctx.save_for_backward(slopes)
+        ctx.dtype = hidden.dtype
+        return values
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+        (slopes,) = ctx.saved_tensors
+        return (grad.unsqueeze(-1) * slopes).to(ctx.dtype), None, None, None
 
 
 def plain_head(model: Any) -> bool:

@@ -1,5 +1,6 @@
 """The chunked log-probability head gives the log-probabilities of the full logits, and their gradients, within 1e-5,
-computing only the scored positions, a few at a time."""
+computing only the scored positions, a few at a time; through a trained output layer (checkpointed chunks) and a
+frozen one (each token's gradient found in the forward)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from ktrain.testing import model_dir
 from ktrain_preference import logps
 
 
+@pytest.mark.parametrize("frozen_head", [False, True], ids=["trained-head", "frozen-head"])
 def test_chunked_head_matches_the_full_logits_in_values_and_gradients(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, frozen_head: bool
 ) -> None:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir(tmp_path, weights=True), dtype=torch.float32)
+    model.get_output_embeddings().weight.requires_grad_(not frozen_head)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, model.config.vocab_size, (3, 12), generator=generator)
     mask = torch.ones_like(ids)
@@ -33,10 +36,12 @@ def test_chunked_head_matches_the_full_logits_in_values_and_gradients(
     def run(head: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
         model.zero_grad()
         values = logps.token_logps(model, inputs, at, head)
+        assert (type(values.grad_fn).__name__ == "FrozenHeadLogpsBackward") == (head and frozen_head)
         (values * weights).sum().backward()
-        return values.detach(), [p.grad.clone() for p in model.parameters()]
+        return values.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
     full, full_grads = run(head=False)
+    assert len(full_grads) == len(list(model.parameters())) - frozen_head
     monkeypatch.setattr(logps, "CHUNK_ELEMENTS", 4 * model.config.vocab_size)  # 4 rows a chunk: 4 chunks here
     assert logps.add_logps_head(model)
     chunked, chunked_grads = run(head=True)
