@@ -76,7 +76,8 @@ class FrozenHeadLogps(torch.autograd.Function):
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: int) -> Any:
         wanted = ctx.needs_input_grad[0]
         values = torch.empty(len(targets), dtype=torch.float32, device=hidden.device)
-        slopes = torch.empty((len(targets) if wanted else 0, hidden.shape[1]), dtype=torch.float32, device=hidden.device)
+        shape = (len(targets) if wanted else 0, hidden.shape[1])
+        slopes = torch.empty(shape, dtype=torch.float32, device=hidden.device)
         for i in range(0, len(targets), rows):
             logits = (hidden[i : i + rows] @ weight.t()).float()
             chunk = targets[i : i + rows].unsqueeze(-1)
