@@ -153,7 +153,7 @@ def collate(
     batch: dict[str, Any] = {"input_ids": ids, "labels": labels, "position_ids": positions}
     if "flash" not in packed_attention:
         batch["attention_mask"] = document_mask(
-            to_device(documents, mask_device or torch.device("cpu")), packed_attention
+            to_device(documents, torch.device(mask_device or "cpu")), packed_attention
         )
     return batch
 
