@@ -65,6 +65,8 @@ class UnpairedObjective:
         batch = padded(matched, pad_id, pad_to)
         batch.update({f"kl_{name}": value for name, value in padded(mismatched, pad_id, pad_to).items()})
         batch["desirable"] = torch.tensor([good for _, _, good in answers], dtype=torch.bool)
+        # the scored tokens, found here on the host: on the device, finding them would make the host wait for it
+        batch["logps_at"], batch["kl_logps_at"] = shifted(batch["labels"]), shifted(batch["kl_labels"])
         return batch
 
     def loss(self, model: Any, batch: dict[str, Any], num_items: float) -> torch.Tensor:
@@ -73,7 +75,7 @@ class UnpairedObjective:
             {"input_ids": batch[f"{p}input_ids"], "attention_mask": batch[f"{p}attention_mask"], "use_cache": False}
             for p in ("", "kl_")
         )
-        at, kl_at = shifted(batch["labels"]), shifted(batch["kl_labels"])
+        at, kl_at = batch["logps_at"], batch["kl_logps_at"]
         with torch.no_grad():
             kl_logps = _row_sums(token_logps(model, kl_inputs, kl_at, self.head), kl_at, batch["kl_labels"])
             ref_kl_logps = _row_sums(self.reference(kl_inputs, kl_at), kl_at, batch["kl_labels"])
@@ -81,9 +83,9 @@ class UnpairedObjective:
             kl = self._kl((kl_logps - ref_kl_logps).mean())
         logps = _row_sums(token_logps(model, inputs, at, self.head), at, batch["labels"])
         ratios = logps - ref_logps
-        good = batch["desirable"]
-        desirable = self.weights[0] * (1 - F.sigmoid(self.beta * (ratios[good] - kl)))
-        undesirable = self.weights[1] * (1 - F.sigmoid(self.beta * (kl - ratios[~good])))
+        good = batch["desirable"]  # masks, not indexing: selecting the rows would make the host wait for the device
+        desirable = torch.where(good, self.weights[0] * (1 - F.sigmoid(self.beta * (ratios - kl))), 0.0)
+        undesirable = torch.where(good, 0.0, self.weights[1] * (1 - F.sigmoid(self.beta * (kl - ratios))))
         if torch.is_grad_enabled():  # training, not evaluation: the metrics of the logged window
             self._record(self.beta * ratios.detach(), logps.detach(), good, kl)
         return (desirable.sum() + undesirable.sum()) / num_items
@@ -98,7 +100,7 @@ class UnpairedObjective:
         return local.clamp(min=0)
 
     def _record(self, rewards: Any, logps: Any, good: Any, kl: Any) -> None:
-        values = [rewards[good].sum(), rewards[~good].sum(), logps[good].sum(), logps[~good].sum()]
+        values = [torch.where(rows, v, 0.0).sum() for v in (rewards, logps) for rows in (good, ~good)]
         counts = [good.sum(), (~good).sum(), kl, torch.ones_like(kl)]
         self.sums += torch.stack([v.double() for v in values + counts])
 

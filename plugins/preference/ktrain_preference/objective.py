@@ -159,7 +159,7 @@ class PairObjective:
 
     def _record(self, good: Any, bad: Any, chosen: Any, rejected: Any) -> None:
         values = [good, bad, good - bad, (good > bad).float(), chosen, rejected]
-        pairs = torch.tensor([float(len(chosen))], dtype=torch.float64, device=chosen.device)
+        pairs = torch.full((1,), float(len(chosen)), dtype=torch.float64, device=chosen.device)  # no host copy
         self.sums += torch.cat([torch.stack([v.sum().double() for v in values]), pairs])
 
     def metrics(self) -> dict[str, float]:
