@@ -4,8 +4,9 @@ A scored token is given by its row, the position whose hidden state predicts it,
 ``[3, tokens]`` tensor of the three. ``add_logps_head(model)`` gives a causal LM's ``forward`` a keyword
 ``logps_at``: with it, the forward runs the backbone and returns the ``[tokens]`` fp32 log-probabilities,
 computed at those positions only, a chunk of them at a time: no ``[batch, length, vocab]`` logits exist, in
-fp32 or at all. A trained output layer's chunks run under activation checkpointing (the backward recomputes
+fp32 or at all. A trained output layer's chunks keep only each token's log-sum-exp (the backward recomputes
 their logits); a frozen one's (LoRA, QLoRA) give each token's gradient in the forward, and are computed once.
+On CUDA the element-wise work over a chunk's logits is compiled into kernels that read them once each.
 Explicit positions let two answers that follow one prompt in one row both be predicted from the prompt's last
 position. The forward is patched on the instance, so data parallelism's wrappers, an adapter (which calls
 the base model's forward) and sharding hooks see one ordinary call of the model. Where the output layer is
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
-from torch.utils.checkpoint import checkpoint
+from torch.utils._triton import has_triton
 
 from ktrain.data.formats import IGNORE
 
@@ -44,23 +45,76 @@ def from_logits(logits: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
     return logps.gather(-1, at[2].unsqueeze(-1)).squeeze(-1)
 
 
-def _rows_logps(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    logits = (hidden @ weight.t()).float()
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+def _scores(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's log-probability of its target and its log-sum-exp (fp32), from ``logits`` ``[rows, vocab]``."""
+    wide = logits.float()
+    norm = wide.logsumexp(-1)
+    return wide.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - norm, norm
+
+
+def _slopes(logits: torch.Tensor, targets: torch.Tensor, norm: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``scale * (onehot(target) - softmax)`` of each row, in the logits' dtype: the gradient of the row's
+    log-probability with respect to its logits, times ``scale``."""
+    onehot = torch.arange(logits.shape[-1], device=logits.device) == targets.unsqueeze(-1)
+    softmax = (logits.float() - norm.unsqueeze(-1)).exp()
+    return ((onehot.float() - softmax) * scale.unsqueeze(-1)).to(logits.dtype)
+
+
+@functools.cache
+def _fused(function: Any) -> Any:
+    """``function`` compiled, so that its element-wise work over a chunk's logits runs as one or two kernels that
+    read the logits once each (eager PyTorch makes several fp32 passes); used on CUDA where Triton is present."""
+    return torch.compile(function, dynamic=None)
+
+
+def _on(logits: torch.Tensor, function: Any) -> Any:
+    return _fused(function) if logits.is_cuda and has_triton() else function
 
 
 def chunked(hidden: torch.Tensor, weight: torch.Tensor, at: torch.Tensor, rows: int) -> torch.Tensor:
     """``[tokens]`` log-probabilities of the tokens ``at[2]`` for the logits ``hidden[at[0], at[1]] @ weight.T``,
     ``rows`` tokens at a time; no other position is computed. A frozen ``weight`` (an adapter's base, a reference)
-    takes ``FrozenHeadLogps``; a trained one recomputes each chunk's logits in the backward."""
+    takes ``FrozenHeadLogps``, a trained one ``TrainedHeadLogps``."""
     picked_hidden, picked = hidden[at[0], at[1]], at[2]
-    if not weight.requires_grad:
-        return FrozenHeadLogps.apply(picked_hidden, weight, picked, rows)
-    parts = [
-        checkpoint(_rows_logps, picked_hidden[i : i + rows], weight, picked[i : i + rows], use_reentrant=False)
-        for i in range(0, len(picked), rows)
-    ]
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32, device=hidden.device)
+    head = TrainedHeadLogps if weight.requires_grad else FrozenHeadLogps
+    return head.apply(picked_hidden, weight, picked, rows)
+
+
+class TrainedHeadLogps(torch.autograd.Function):
+    """Log-probabilities through a trained output layer, a chunk of tokens at a time.
+
+    The forward keeps each token's log-sum-exp, not its logits; the backward computes each chunk's logits again,
+    turns them into their gradient (``incoming * (onehot - softmax)``) in one pass, and gives the hidden states'
+    and the weight's gradients from it.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: int) -> Any:
+        values = torch.empty(len(targets), dtype=torch.float32, device=hidden.device)
+        norms = torch.empty_like(values)
+        for i in range(0, len(targets), rows):
+            logits = hidden[i : i + rows] @ weight.t()
+            values[i : i + rows], norms[i : i + rows] = _on(logits, _scores)(logits, targets[i : i + rows])
+        ctx.save_for_backward(hidden, weight, targets, norms)
+        ctx.rows = rows
+        return values
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+        hidden, weight, targets, norms = ctx.saved_tensors
+        rows, (hidden_wanted, weight_wanted) = ctx.rows, ctx.needs_input_grad[:2]
+        hidden_grad = torch.empty_like(hidden) if hidden_wanted else None
+        weight_grad = torch.zeros_like(weight) if weight_wanted else None
+        for i in range(0, len(targets), rows):
+            logits = hidden[i : i + rows] @ weight.t()
+            part = slice(i, i + rows)
+            slope = _on(logits, _slopes)(logits, targets[part], norms[part], grad[part].float())
+            del logits
+            if hidden_grad is not None:
+                torch.mm(slope, weight, out=hidden_grad[part])
+            if weight_grad is not None:
+                weight_grad.addmm_(slope.t(), hidden[part])
+        return hidden_grad, weight_grad, None, None
 
 
 class FrozenHeadLogps(torch.autograd.Function):
@@ -79,20 +133,17 @@ class FrozenHeadLogps(torch.autograd.Function):
         shape = (len(targets) if wanted else 0, hidden.shape[1])
         slopes = torch.empty(shape, dtype=torch.float32, device=hidden.device)
         for i in range(0, len(targets), rows):
-            logits = (hidden[i : i + rows] @ weight.t()).float()
-            chunk = targets[i : i + rows].unsqueeze(-1)
-            norm = logits.logsumexp(-1, keepdim=True)
-            values[i : i + rows] = (logits.gather(-1, chunk) - norm).squeeze(-1)
+            logits, chunk = hidden[i : i + rows] @ weight.t(), targets[i : i + rows]
+            values[i : i + rows], norm = _on(logits, _scores)(logits, chunk)
             if wanted:
-                slope = logits.sub_(norm).exp_().neg_()  # -softmax, in place of the logits
-                slope.scatter_add_(-1, chunk, torch.ones_like(chunk, dtype=slope.dtype))
-                slopes[i : i + rows] = (slope.to(weight.dtype) @ weight).float()
+                ones = torch.ones_like(norm)
+                slopes[i : i + rows] = _on(logits, _slopes)(logits, chunk, norm, ones) @ weight
         ctx.save_for_backward(slopes)
         ctx.dtype = hidden.dtype
         return values
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         (slopes,) = ctx.saved_tensors
         return (grad.unsqueeze(-1) * slopes).to(ctx.dtype), None, None, None
 

@@ -1,6 +1,6 @@
 """The chunked log-probability head gives the log-probabilities of the full logits, and their gradients, within 1e-5,
-computing only the scored positions, a few at a time; through a trained output layer (checkpointed chunks) and a
-frozen one (each token's gradient found in the forward)."""
+computing only the scored positions, a few at a time; through a trained output layer (the logits recomputed in
+the backward) and a frozen one (each token's gradient found in the forward)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def test_chunked_head_matches_the_full_logits_in_values_and_gradients(
     def run(head: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
         model.zero_grad()
         values = logps.token_logps(model, inputs, at, head)
-        assert (type(values.grad_fn).__name__ == "FrozenHeadLogpsBackward") == (head and frozen_head)
+        expected = "FrozenHeadLogpsBackward" if frozen_head else "TrainedHeadLogpsBackward"
+        assert (type(values.grad_fn).__name__ == expected) == head
         (values * weights).sum().backward()
         return values.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
@@ -49,3 +50,30 @@ def test_chunked_head_matches_the_full_logits_in_values_and_gradients(
     for a, b in zip(chunked_grads, full_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
     assert model(**inputs).logits.shape == (3, 12, model.config.vocab_size)  # without targets: the usual forward
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("frozen_head", [False, True], ids=["trained-head", "frozen-head"])
+def test_the_compiled_head_on_a_gpu_gives_the_eager_values_and_gradients(
+    monkeypatch: pytest.MonkeyPatch, frozen_head: bool
+) -> None:
+    """On CUDA the work over a chunk's logits is compiled; in bf16 it gives what the eager functions give."""
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    tokens, width, vocab = 3000, 256, 50000
+    options = {"device": "cuda", "dtype": torch.bfloat16, "generator": generator}
+    hidden = torch.randn(1, tokens, width, **options).requires_grad_()
+    weight = (torch.randn(vocab, width, **options) * 0.05).requires_grad_(not frozen_head)
+    targets = torch.randint(0, vocab, (tokens,), device="cuda", generator=generator)
+    at = torch.stack([torch.zeros_like(targets), torch.arange(tokens, device="cuda"), targets])
+    incoming = torch.randn(tokens, device="cuda", generator=generator)
+
+    def run() -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        values = logps.chunked(hidden, weight, at, rows=1024)
+        return values, torch.autograd.grad((values * incoming).sum(), [hidden] if frozen_head else [hidden, weight])
+
+    compiled, compiled_grads = run()
+    monkeypatch.setattr(logps, "_on", lambda logits, function: function)
+    eager, eager_grads = run()
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-4)
+    for a, b in zip(compiled_grads, eager_grads, strict=True):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=1e-3)
