@@ -50,7 +50,8 @@ def run(argv: list[str]) -> int:
             torch.cuda.set_sync_debug_mode("warn")
 
     def checked_stop(self: timing.Timeline) -> Any:
-        torch.cuda.set_sync_debug_mode("default")
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("default")
         return stop(self)
 
     timing.Timeline.start, timing.Timeline.stop = checked_start, checked_stop
@@ -65,4 +66,6 @@ def run(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit("find_syncs: needs a CUDA device (it checks the GPU's synchronizations)")
     sys.exit(run(sys.argv[1:]))
