@@ -283,11 +283,12 @@ def test_trace_summary_counts_busy_time_kinds_and_idle_gaps(tmp_path: Path) -> N
     )
 
 
-@pytest.mark.parametrize("adapter", [None, "lora"])
-def test_bench_pairs_beside_trl_train_alike(adapter: str | None, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("adapter", "bf16_base"), [(None, False), ("lora", False), ("lora", True)])
+def test_bench_pairs_beside_trl_train_alike(adapter: str | None, bf16_base: bool, tmp_path: Path) -> None:
     """``--pairs`` with ``--peer trl`` on a tiny Llama in fp32: both sides start at ln 2 (policy = reference) and,
     trained on the same pairs in the same order, end at the same loss (each side's last step, not a mean); with
-    LoRA within 1%, the two sides' adapters starting from different random draws."""
+    LoRA within 1%, the two sides' adapters starting from different random draws. Under ``bfloat16`` (a GPU's
+    default with an adapter) both sides train the adapter over a bf16 base under bf16 autocast."""
     model_dir(tmp_path, vocab_size=100)
     keys = {
         "base_model": str(tmp_path / "model"),
@@ -303,10 +304,13 @@ def test_bench_pairs_beside_trl_train_alike(adapter: str | None, tmp_path: Path)
     }
     if adapter:
         keys |= {"adapter": adapter, "lora_r": 4, "lora_alpha": 8, "lora_target_linear": True}
+    if bf16_base:
+        keys |= {"bf16": True, "bfloat16": True}
     config = tmp_path / "dpo.yaml"
     config.write_text(yaml.safe_dump(keys))
     report, _ = bench_json(tmp_path, str(config), "--pairs", "6:6", "--steps", "3", "--warmup", "1", "--peer", "trl")
     ours, peer = report["ktrain"], report["peer"]
+    assert ("a bf16 base, fp32 adapter weights + bf16 autocast" in report["peer_setup"]) == bf16_base
     assert ours["first_loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert peer["first_loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert ours["last_loss"] < math.log(2) - 0.01  # the updates moved the policy away from its reference

@@ -1,7 +1,8 @@
 """The peer of ``ktrain bench --peer trl``: TRL's ``DPOTrainer`` on the same model shape and the same pairs.
 
-The model is built as the ``hf`` peer builds it (fp32 weights, SDPA); TRL's ``bf16``/``fp16`` setting follows the
-config, which makes the Hugging Face Trainer autocast to that dtype, as the ktrain side does. The reference is a
+The model is built as the ``hf`` peer builds it (fp32 weights, SDPA; under an adapter, a bf16 base where the
+ktrain side's is: ``bfloat16``); TRL's ``bf16``/``fp16`` setting follows the config, which makes the Hugging
+Face Trainer autocast to that dtype, as the ktrain side does. The reference is a
 frozen copy of the model as built (full fine-tuning), or, under ``adapter: lora``, the base with the adapter
 switched off (TRL makes the peft model from the ``LoraConfig`` the lora keys describe). The pairs are handed
 over already as token ids (``prompt_ids``, ``chosen_ids``, ``rejected_ids``: TRL's own tokenized columns), so
@@ -56,7 +57,14 @@ def describe(config: Any, compute_dtype: torch.dtype) -> str:
     what = "LoRA, adapter off as reference" if _lora_config(config) else "frozen copy as reference"
     if getattr(config, "precompute_ref_log_probs", False):
         what += ", its log-probabilities precomputed (no reference model held)"
-    return f"TRL {trl.__version__} DPOTrainer: fp32 weights + {dtype} autocast, {what}"
+    weights = "a bf16 base, fp32 adapter weights" if _bf16_base(config) else "fp32 weights"
+    return f"TRL {trl.__version__} DPOTrainer: {weights} + {dtype} autocast, {what}"
+
+
+def _bf16_base(config: Any) -> bool:
+    """Whether the peer's frozen base loads in bf16: under an adapter where the ktrain side's does
+    (``bfloat16``), as TRL's LoRA users load it; peft keeps the adapter's weights in fp32."""
+    return bool(config.bfloat16) and _lora_config(config) is not None
 
 
 def run_trl_peer(
@@ -70,7 +78,7 @@ def run_trl_peer(
     from trl import DPOConfig, DPOTrainer
 
     torch.manual_seed(config.seed)
-    model = build_model(config, device, "mixed")
+    model = build_model(config, device, "bf16" if _bf16_base(config) else "mixed")
     lora = _lora_config(config)
     precompute = bool(getattr(config, "precompute_ref_log_probs", False))  # the preference plugin's key
     reference = None if lora or precompute else copy.deepcopy(model)

@@ -31,18 +31,23 @@ a resolved key's origin may go on after either, with ``: `` and what the value w
 class GpuDefault:
     """A key's value on a GPU when the config does not write the key.
 
-    ``value``: the key's value there; ``also``: other keys set with it (``unless`` decides which values of
-    them the config may write: those it replaces); ``unless(config, capability)``: why the default does not
-    apply to this config (None: it applies; ``capability`` is the GPUs' lowest compute capability, None
-    where unknown); ``changes``: what the default changes in what is trained (docs and ``ktrain check``);
-    ``off``: the value that switches it off (None: ``false`` for a default of ``true``, else the key's own value).
+    ``value``: the key's value there; ``also``: other keys set with it, or a function of the config giving
+    them (``unless`` decides which values of them the config may write: those it replaces);
+    ``unless(config, capability)``: why the default does not apply to this config (None: it applies;
+    ``capability`` is the GPUs' lowest compute capability, None where unknown); ``changes``: what the
+    default changes in what is trained (docs and ``ktrain check``); ``off``: the value that switches it off
+    (None: ``false`` for a default of ``true``, else the key's own value).
     """
 
     value: Any
     changes: str
-    also: dict[str, Any] = attrs.field(factory=dict)
+    also: dict[str, Any] | Callable[[Any], dict[str, Any]] = attrs.field(factory=dict)
     unless: Callable[[Any, tuple[int, int] | None], str | None] | None = None
     off: Any = None
+
+    def also_for(self, config: Any) -> dict[str, Any]:
+        """The other keys set with the value in ``config``."""
+        return self.also(config) if callable(self.also) else dict(self.also)
 
 
 @attrs.frozen
@@ -109,7 +114,7 @@ def pending(config: Config, capability: tuple[int, int] | None = None) -> list[C
             continue
         if default.unless is not None and default.unless(config, capability) is not None:
             continue
-        found.append(Choice(name, default.value, dict(default.also), default.changes, default.off))
+        found.append(Choice(name, default.value, default.also_for(config), default.changes, default.off))
     return found
 
 
@@ -125,7 +130,7 @@ def applied(config: Config) -> list[Choice]:
 
 
 def _also(config: Config, default: GpuDefault) -> dict[str, Any]:
-    return {k: getattr(config, k) for k in default.also if config.origins.get(k) == ORIGIN}
+    return {k: getattr(config, k) for k in default.also_for(config) if config.origins.get(k) == ORIGIN}
 
 
 def resolve(config: Config, device: str | None, capability: tuple[int, int] | None = None) -> Config:
@@ -166,17 +171,32 @@ ADAMW = ("adamw", "adamw_torch", "adamw_torch_fused", "adamw_fp32_master")
 """The optimizer names whose update ``adamw_fp32_master`` computes too (on fp32 master copies)."""
 
 
+def _adapter(config: Any) -> bool:
+    return getattr(config, "adapter", None) is not None
+
+
+def _quantized(config: Any) -> bool:
+    quantized = getattr(config, "load_in_4bit", False) or getattr(config, "load_in_8bit", False)
+    return bool(quantized) or getattr(config, "adapter", None) == "qlora"
+
+
 def _masters_unless(config: Any, capability: tuple[int, int] | None) -> str | None:
-    """Why ``bfloat16`` with ``adamw_fp32_master`` is not the fast default of ``config`` (None: it is)."""
+    """Why ``bfloat16`` (with ``adamw_fp32_master`` where the whole model trains) is not the fast default of
+    ``config`` (None: it is)."""
     bf16 = config.bf16 is True or (config.bf16 == "auto" and (capability is None or capability >= (8, 0)))
     fsdp = any(config.is_set(k) for k in ("fsdp", "fsdp_config", "fsdp_version"))
+    adapter = _adapter(config)
     reasons = (
         (not bf16 or config.fp16, "the compute dtype is not bf16"),
-        (config.optimizer not in ADAMW, f"{config.optimizer} is not AdamW"),
-        (getattr(config, "adapter", None) is not None, "an adapter trains its own fp32 weights"),
+        (not adapter and config.optimizer not in ADAMW, f"{config.optimizer} is not AdamW"),
         (getattr(config, "deepspeed", None) is not None, "DeepSpeed keeps fp32 masters of its own"),
+        (_quantized(config), "a quantized base loads its other weights in the compute dtype already"),
+        (adapter and fsdp, "FSDP would shard a bf16 base and fp32 adapter weights together"),
         (fsdp and getattr(config, "fsdp_version", None) != 2, "only FSDP2 shards fp32 masters"),
-        (config.gradient_accumulation_steps > 1, "bf16 gradients would be summed over the micro-batches"),
+        (
+            not adapter and config.gradient_accumulation_steps > 1,
+            "bf16 gradients would be summed over the micro-batches",
+        ),
     )
     return next((why for found, why in reasons if found), None)
 
@@ -185,11 +205,14 @@ FP32_MASTERS = GpuDefault(
     True,
     "bf16 weights, gradients and activations (the residual stream too) instead of fp32 weights under bf16 "
     "autocast; the optimizer keeps fp32 master weights and fp32 AdamW states, so no update is lost to bf16 "
-    "rounding; checkpoints and the exported model hold bf16 weights",
-    also={"optimizer": "adamw_fp32_master"},
+    "rounding; checkpoints and the exported model hold bf16 weights. With an adapter, only the frozen base "
+    "is bf16 (the values bf16 autocast gives its matrix multiplies), and the adapter's weights, gradients "
+    "and optimizer states stay fp32, with the optimizer as written",
+    also=lambda config: {} if _adapter(config) else {"optimizer": "adamw_fp32_master"},
     unless=_masters_unless,
 )
-"""The kernel's GPU default of ``bfloat16``: bf16 weights with fp32 masters in the optimizer."""
+"""The kernel's GPU default of ``bfloat16``: bf16 weights with fp32 masters in the optimizer; with an adapter,
+a bf16 frozen base."""
 
 
 def check_fraction(instance: Any, attribute: Any, value: Any) -> None:

@@ -1,4 +1,4 @@
-"""Adapters trained for real through the CLI on CPU: QLoRA, LoRA with DoRA/rsLoRA, an 8-bit base.
+"""Adapters trained for real through the CLI on CPU: QLoRA, LoRA with DoRA/rsLoRA, an 8-bit base, a bf16 base.
 
 One QLoRA run (module fixture, a base with weights on disk) is shared: its loss falls, a resume from its
 middle checkpoint repeats it bit for bit, ``ktrain merge-lora`` turns it into a model whose logits match
@@ -181,6 +181,20 @@ def test_lora_on_an_8bit_base_trains_and_merges(tmp_path: Path) -> None:
     assert merged.returncode == 0, merged.stderr
     out = tmp_path / "out"
     _assert_merged_matches(tmp_path, out / "merged", out / "final", transformers.BitsAndBytesConfig(load_in_8bit=True))
+
+
+def test_lora_on_a_bf16_base_trains_fp32_adapter_weights(tmp_path: Path) -> None:
+    """``bfloat16: true`` with an adapter, as a GPU run takes it by default: the base loads in bf16, the adapter's
+    weights train in fp32 under bf16 autocast."""
+    model_dir(tmp_path)
+    dataset(tmp_path, 200)
+    config = write_config(tmp_path, adapter="lora", lora_target_linear=True, bf16=True, bfloat16=True, max_steps=4)
+    done = ktrain("run", str(config))
+    assert done.returncode == 0, done.stderr
+    losses = records(tmp_path / "out")
+    assert losses[4] < losses[1]
+    adapter = load_file(tmp_path / "out" / "final" / "adapter_model.safetensors")
+    assert adapter and {t.dtype for t in adapter.values()} == {torch.float32}
 
 
 def _installed(module: str) -> bool:
