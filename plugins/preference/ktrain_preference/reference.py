@@ -1,9 +1,10 @@
 """``precompute_ref_log_probs: true``: the reference's log-probabilities of every pair, computed once before training.
 
 Before the first step the model is still the reference (the model as loaded; under an adapter, the base with
-the adapter switched off), so one pass without gradients over every sample of the preprocessing cache (the
-training samples and the test samples) gives each pair's summed log-probabilities of its chosen and rejected
-answers, in the layout training collates them in (``ktrain_preference.layout``). The ranks share the samples
+the adapter switched off, or left on while it does not change the base: ``unchanged_base``), so one pass
+without gradients over every sample of the preprocessing cache (the training samples and the test samples)
+gives each pair's summed log-probabilities of its chosen and rejected answers, in the layout training collates
+them in (``ktrain_preference.layout``). The ranks share the samples
 and sum their parts. They are kept beside the cache's tables, in a file
 named by the model and the compute dtype, so a resumed run (or the next run on the same data and model)
 reads them. A sample is found again by a digest of its tokens and labels. Training then holds no reference
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from ktrain.data import cache, pipeline
 from ktrain.run import distributed
@@ -71,18 +73,37 @@ def _compute(run: Any, objective: Any, model: Any, samples: list[Any]) -> np.nda
     return out.cpu().numpy()
 
 
+def unchanged_base(model: Any) -> bool:
+    """Whether a peft model's adapter leaves its base's function unchanged, as peft initializes it: every
+    ``lora_B`` zero, nothing trained in full beside it, no parameter sharded (a shard shows a rank only its part)."""
+    named = list(model.named_parameters())
+    if any(isinstance(p, DTensor) or hasattr(p, "ds_id") or "modules_to_save" in n for n, p in named):
+        return False
+    return all(not p.any() for n, p in named if "lora_B" in n)
+
+
+def _as_reference(model: Any) -> Any:
+    """The context the reference pass runs in: a peft model's adapter switched off, unless it leaves the base
+    unchanged. Then the pass runs the forward the policy's first step runs: the same function as the base's,
+    computed the same way, so step 1's loss is ln 2 to the bit (the base's own forward, another graph, would
+    round differently in a bf16 residual stream)."""
+    if not hasattr(model, "disable_adapter") or unchanged_base(model):
+        return contextlib.nullcontext()
+    return model.disable_adapter()
+
+
 def precomputed(run: Any, objective: Any, model: Any) -> dict[bytes, tuple[float, float]]:
     """Every cached sample's reference (chosen, rejected) log-probabilities: read, or computed with ``model`` (the
-    model before any step; a peft model's adapter is switched off) and written beside the cache."""
+    model before any step; a peft model's adapter switched off where it changes the base) and written beside the
+    cache."""
     folder = pipeline.cache_folder(run.config, run.output_dir, run.tokenizer, run.plan.formats)
     path = folder / f"reference-logps-{_model_key(run.config, run.compute_dtype)}.npz"
     if not path.is_file():
         prepared = cache.read(folder)
         tables = [t for t in (prepared.train, prepared.test) if t is not None]
         samples = [table[i] for table in tables for i in range(len(table))]
-        off = model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext()
         start = time.perf_counter()
-        with off:
+        with _as_reference(model):
             values = _compute(run, objective, model, samples)  # ends on the host: the device has finished
         objective.passes = [{"name": "reference log-probabilities", "seconds": time.perf_counter() - start,
                              "items": len(samples), "unit": "pairs"}]  # fmt: skip
