@@ -6,8 +6,9 @@ computed once for both answers (``ktrain_preference.layout``), its row then hold
 and IPO against a live reference without an adapter keep a frozen copy of the model as loaded, whole on
 every rank; with an adapter the reference is the base with the adapter off (no copy), and ORPO, SimPO and
 precomputed reference log-probabilities need none. The answers' log-probabilities are computed a chunk of
-logits at a time (``ktrain_preference.logps``): the loss's backward holds one chunk's fp32 logits, their
-log-softmax and their gradient, not the whole micro-batch's logits.
+logits at a time (``ktrain_preference.logps``): the loss's backward holds one chunk's logits and their gradient,
+in the compute dtype (on a GPU the work between them is compiled and keeps no fp32 copy), not the whole
+micro-batch's logits.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from ktrain_preference.keys import REFERENCE_FREE
 
 CHUNK_ELEMENTS = 2**28
 """Logits of one chunk (``ktrain_preference.logps.CHUNK_ELEMENTS``, not imported: that module imports torch)."""
-CHUNK_BYTES = 12 * CHUNK_ELEMENTS
-"""A chunk at the loss's backward: fp32 logits, their log-softmax and their gradient."""
 
 
 def collect_memory(config: Any) -> dict[str, Any] | None:
@@ -28,4 +27,6 @@ def collect_memory(config: Any) -> dict[str, Any] | None:
     if not config.rl:
         return None
     copy = config.rl not in REFERENCE_FREE and not config.precompute_ref_log_probs and not config.adapter
-    return {"pairs": PairsModel(rows=1 if config.rl == "kto" else 2, reference_copy=copy, loss_bytes=CHUNK_BYTES)}
+    element = 2 if (config.bf16 or config.bfloat16 or config.fp16) else 4
+    chunk = 2 * element * CHUNK_ELEMENTS  # a chunk at the loss's backward: its logits and their gradient
+    return {"pairs": PairsModel(rows=1 if config.rl == "kto" else 2, reference_copy=copy, loss_bytes=chunk)}
