@@ -1,8 +1,8 @@
 """``precompute_ref_log_probs: true``: the reference's log-probabilities of every pair, computed once before training.
 
 Before the first step the model is still the reference (the model as loaded; under an adapter, the base with
-the adapter switched off, or left on while it does not change the base: ``unchanged_base``), so one pass
-without gradients over every sample of the preprocessing cache (the training samples and the test samples)
+the adapter switched off, or left on while it does not change the base: ``unchanged_base``), so one forward
+pass, no backward, over every sample of the preprocessing cache (the training samples and the test samples)
 gives each pair's summed log-probabilities of its chosen and rejected answers, in the layout training collates
 them in (``ktrain_preference.layout``). The ranks share the samples
 and sum their parts. They are kept beside the cache's tables, in a file
@@ -43,8 +43,11 @@ def _model_key(config: Any, dtype: torch.dtype) -> str:
     return hashlib.sha256(json.dumps(facts, default=str).encode()).hexdigest()[:16]
 
 
-def _compute(run: Any, objective: Any, model: Any, samples: list[Any]) -> np.ndarray:
-    """``[samples, 2]`` summed log-probabilities (chosen, rejected) of ``model``, the ranks sharing the samples."""
+def _compute(run: Any, objective: Any, model: Any, samples: list[Any], as_policy: bool) -> np.ndarray:
+    """``[samples, 2]`` summed log-probabilities (chosen, rejected) of ``model``, the ranks sharing the samples.
+
+    ``as_policy``: the forward of a training step (training mode, autograd recording, the graph then dropped),
+    so that a compiled model runs the very graph its first step runs; else evaluation mode without gradients."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     micro = run.config.micro_batch_size
@@ -58,38 +61,53 @@ def _compute(run: Any, objective: Any, model: Any, samples: list[Any]) -> np.nda
     )
     out = torch.zeros(len(samples), 2, dtype=torch.float32, device=run.device)
     was_training = model.training
-    model.eval()
-    with torch.no_grad(), autocast:
+    model.train(as_policy)
+    with torch.set_grad_enabled(as_policy), autocast:
         for b in range(batches):
             picked = mine[b * micro : (b + 1) * micro]
             rows = [[samples[i]] for i in picked] or [[samples[0]]]  # a rank without samples left runs one anyway
             batch = objective.collate(rows, run.pad_id, pad_to, None, run.device)
             sums = objective.answer_logps(model, {k: v.to(run.device) for k, v in batch.items()})
             if picked:
-                out[picked] = torch.stack(sums.float().chunk(2), dim=1)
+                out[picked] = torch.stack(sums.detach().float().chunk(2), dim=1)
     model.train(was_training)
     if world > 1:
         dist.all_reduce(out)
     return out.cpu().numpy()
 
 
+def _dropout(model: Any) -> bool:
+    """Whether a forward in training mode drops anything (a dropout module, or attention dropout, above 0)."""
+    modules = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+    return modules or float(getattr(getattr(model, "config", None), "attention_dropout", 0.0) or 0.0) > 0
+
+
+def _sharded(model: Any) -> bool:
+    """Whether a parameter is sharded (a DTensor, a ZeRO-3 partition): a shard shows a rank only its part, and a
+    sharding engine's forward expects its backward."""
+    return any(isinstance(p, DTensor) or hasattr(p, "ds_id") for p in model.parameters())
+
+
 def unchanged_base(model: Any) -> bool:
     """Whether a peft model's adapter leaves its base's function unchanged, as peft initializes it: every
-    ``lora_B`` zero, nothing trained in full beside it, no parameter sharded (a shard shows a rank only its part)."""
+    ``lora_B`` zero, nothing trained in full beside it, no parameter sharded."""
     named = list(model.named_parameters())
-    if any(isinstance(p, DTensor) or hasattr(p, "ds_id") or "modules_to_save" in n for n, p in named):
+    if _sharded(model) or any("modules_to_save" in n for n, _ in named):
         return False
     return all(not p.any() for n, p in named if "lora_B" in n)
 
 
-def _as_reference(model: Any) -> Any:
-    """The context the reference pass runs in: a peft model's adapter switched off, unless it leaves the base
-    unchanged. Then the pass runs the forward the policy's first step runs: the same function as the base's,
-    computed the same way, so step 1's loss is ln 2 to the bit (the base's own forward, another graph, would
-    round differently in a bf16 residual stream)."""
+def _as_reference(model: Any) -> tuple[Any, bool]:
+    """The context the reference pass runs in, and whether it runs the policy's own forward: a peft model's
+    adapter is switched off, unless it leaves the base unchanged. The policy's own forward (the model as it is,
+    in training mode with autograd recording, as in the first step; where nothing drops out and nothing is
+    sharded) is the reference's
+    function computed the same way, so step 1's loss is ln 2 to the bit: a compiled forward without autograd,
+    or the base's own forward, is another graph, whose fused element-wise work rounds differently in a bf16
+    residual stream."""
     if not hasattr(model, "disable_adapter") or unchanged_base(model):
-        return contextlib.nullcontext()
-    return model.disable_adapter()
+        return contextlib.nullcontext(), not (_sharded(model) or _dropout(model))
+    return model.disable_adapter(), False
 
 
 def precomputed(run: Any, objective: Any, model: Any) -> dict[bytes, tuple[float, float]]:
@@ -103,8 +121,9 @@ def precomputed(run: Any, objective: Any, model: Any) -> dict[bytes, tuple[float
         tables = [t for t in (prepared.train, prepared.test) if t is not None]
         samples = [table[i] for table in tables for i in range(len(table))]
         start = time.perf_counter()
-        with _as_reference(model):
-            values = _compute(run, objective, model, samples)  # ends on the host: the device has finished
+        reference, as_policy = _as_reference(model)
+        with reference:
+            values = _compute(run, objective, model, samples, as_policy)  # ends on the host: the device has finished
         objective.passes = [{"name": "reference log-probabilities", "seconds": time.perf_counter() - start,
                              "items": len(samples), "unit": "pairs"}]  # fmt: skip
         if run.local_rank == 0:
