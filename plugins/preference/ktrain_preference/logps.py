@@ -3,9 +3,10 @@
 A scored token is given by its row, the position whose hidden state predicts it, and its id: ``at`` is a
 ``[3, tokens]`` tensor of the three. ``add_logps_head(model)`` gives a causal LM's ``forward`` a keyword
 ``logps_at``: with it, the forward runs the backbone and returns the ``[tokens]`` fp32 log-probabilities,
-computed at those positions only, a chunk of them at a time: no ``[batch, length, vocab]`` logits exist, in
-fp32 or at all. A trained output layer's chunks keep only each token's log-sum-exp (the backward recomputes
-their logits); a frozen one's (LoRA, QLoRA) give each token's gradient in the forward, and are computed once.
+computed at those positions only, a chunk of them at a time: no ``[batch, length, vocab]`` fp32 logits exist.
+A trained output layer keeps its logits' gradients (in the compute dtype) from the forward to the backward
+while they are few enough (``KEPT_ELEMENTS``), else only each token's log-sum-exp (the backward recomputes the
+logits); a frozen one's (LoRA, QLoRA) give each token's gradient in the forward, and are computed once.
 On CUDA the element-wise work over a chunk's logits is compiled into kernels that read them once each.
 Explicit positions let two answers that follow one prompt in one row both be predicted from the prompt's last
 position. The forward is patched on the instance, so data parallelism's wrappers, an adapter (which calls
@@ -27,6 +28,9 @@ from ktrain.data.formats import IGNORE
 
 # Logit elements of one chunk (fp32: 1 GiB): rows = CHUNK_ELEMENTS // vocabulary size.
 CHUNK_ELEMENTS = 2**28
+# Logit elements of a micro-batch up to which a trained output layer keeps their gradients from the forward to the
+# backward (bf16: 1 GiB), instead of computing the logits again (``TrainedHeadLogps``).
+KEPT_ELEMENTS = 2**29
 # Text-config attributes that scale or cap the logits: the output layer is then not a plain product.
 SCALED = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
 
@@ -76,33 +80,58 @@ def chunked(hidden: torch.Tensor, weight: torch.Tensor, at: torch.Tensor, rows: 
     ``rows`` tokens at a time; no other position is computed. A frozen ``weight`` (an adapter's base, a reference)
     takes ``FrozenHeadLogps``, a trained one ``TrainedHeadLogps``."""
     picked_hidden, picked = hidden[at[0], at[1]], at[2]
-    head = TrainedHeadLogps if weight.requires_grad else FrozenHeadLogps
-    return head.apply(picked_hidden, weight, picked, rows)
+    if not weight.requires_grad:
+        return FrozenHeadLogps.apply(picked_hidden, weight, picked, rows)
+    kept = torch.is_grad_enabled() and len(picked) * weight.shape[0] <= KEPT_ELEMENTS  # a backward will follow
+    return TrainedHeadLogps.apply(picked_hidden, weight, picked, rows, kept)
 
 
 class TrainedHeadLogps(torch.autograd.Function):
     """Log-probabilities through a trained output layer, a chunk of tokens at a time.
 
-    The forward keeps each token's log-sum-exp, not its logits; the backward computes each chunk's logits again,
-    turns them into their gradient (``incoming * (onehot - softmax)``) in one pass, and gives the hidden states'
-    and the weight's gradients from it.
+    Where the micro-batch's logits number at most ``KEPT_ELEMENTS`` and a backward will follow, the forward keeps
+    each chunk's gradient of the log-probabilities with respect to its logits (``onehot - softmax``, in the logits'
+    dtype) and their product with the weight (the hidden states' gradient, as ``FrozenHeadLogps`` finds it): the
+    backward scales them by the incoming gradient and computes no logits again (the weight's gradient is
+    ``slopes.T @ (incoming * hidden)``).
+    Above it, the forward keeps each token's log-sum-exp only, and the backward computes each chunk's logits again
+    and turns them into their gradient (``incoming * (onehot - softmax)``) in one pass.
     """
 
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: int) -> Any:
+    def forward(
+        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: int, kept: bool
+    ) -> Any:
         values = torch.empty(len(targets), dtype=torch.float32, device=hidden.device)
         norms = torch.empty_like(values)
+        shape = (len(targets) if kept and ctx.needs_input_grad[0] else 0, hidden.shape[1])
+        slopes, hidden_slopes = [], torch.empty(shape, dtype=torch.float32, device=hidden.device)
         for i in range(0, len(targets), rows):
-            logits = hidden[i : i + rows] @ weight.t()
-            values[i : i + rows], norms[i : i + rows] = _on(logits, _scores)(logits, targets[i : i + rows])
-        ctx.save_for_backward(hidden, weight, targets, norms)
-        ctx.rows = rows
+            logits, part = hidden[i : i + rows] @ weight.t(), slice(i, i + rows)
+            values[part], norms[part] = _on(logits, _scores)(logits, targets[part])
+            if kept:
+                slopes.append(_on(logits, _slopes)(logits, targets[part], norms[part], torch.ones_like(norms[part])))
+                if len(hidden_slopes):
+                    hidden_slopes[part] = slopes[-1] @ weight
+        ctx.save_for_backward(hidden, weight, targets, norms, hidden_slopes, *slopes)
+        ctx.rows, ctx.kept = rows, kept
         return values
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
-        hidden, weight, targets, norms = ctx.saved_tensors
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
+        hidden, weight, targets, norms, hidden_slopes, *slopes = ctx.saved_tensors
         rows, (hidden_wanted, weight_wanted) = ctx.rows, ctx.needs_input_grad[:2]
+        if ctx.kept:
+            hidden_grad = (grad.unsqueeze(-1) * hidden_slopes).to(hidden.dtype) if hidden_wanted else None
+            weight_grad = None
+            for i, slope in zip(range(0, len(targets), rows), slopes, strict=True):
+                if weight_wanted:
+                    scaled = (grad[i : i + rows].unsqueeze(-1) * hidden[i : i + rows]).to(hidden.dtype)
+                    if weight_grad is None:  # the first chunk's product, then the others added in place
+                        weight_grad = slope.t() @ scaled
+                    else:
+                        weight_grad.addmm_(slope.t(), scaled)
+            return hidden_grad, weight_grad, None, None, None
         hidden_grad = torch.empty_like(hidden) if hidden_wanted else None
         weight_grad = torch.zeros_like(weight) if weight_wanted else None
         for i in range(0, len(targets), rows):
@@ -114,7 +143,7 @@ class TrainedHeadLogps(torch.autograd.Function):
                 torch.mm(slope, weight, out=hidden_grad[part])
             if weight_grad is not None:
                 weight_grad.addmm_(slope.t(), hidden[part])
-        return hidden_grad, weight_grad, None, None
+        return hidden_grad, weight_grad, None, None, None
 
 
 class FrozenHeadLogps(torch.autograd.Function):

@@ -67,9 +67,10 @@ def _compute(run: Any, objective: Any, model: Any, samples: list[Any], as_policy
             picked = mine[b * micro : (b + 1) * micro]
             rows = [[samples[i]] for i in picked] or [[samples[0]]]  # a rank without samples left runs one anyway
             batch = objective.collate(rows, run.pad_id, pad_to, None, run.device)
-            sums = objective.answer_logps(model, {k: v.to(run.device) for k, v in batch.items()})
+            inputs = {k: v.to(run.device) for k, v in batch.items()}
+            sums = objective.answer_logps(model, inputs).detach()  # the graph goes now, before the next forward
             if picked:
-                out[picked] = torch.stack(sums.detach().float().chunk(2), dim=1)
+                out[picked] = torch.stack(sums.float().chunk(2), dim=1)
     model.train(was_training)
     if world > 1:
         dist.all_reduce(out)

@@ -14,9 +14,13 @@ from ktrain.testing import model_dir
 from ktrain_preference import logps
 
 
-@pytest.mark.parametrize("frozen_head", [False, True], ids=["trained-head", "frozen-head"])
+@pytest.mark.parametrize(
+    ("frozen_head", "kept"),
+    [(False, True), (False, False), (True, False)],
+    ids=["trained-head-gradients-kept", "trained-head-logits-recomputed", "frozen-head"],
+)
 def test_chunked_head_matches_the_full_logits_in_values_and_gradients(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, frozen_head: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, frozen_head: bool, kept: bool
 ) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -38,12 +42,15 @@ def test_chunked_head_matches_the_full_logits_in_values_and_gradients(
         values = logps.token_logps(model, inputs, at, head)
         expected = "FrozenHeadLogpsBackward" if frozen_head else "TrainedHeadLogpsBackward"
         assert (type(values.grad_fn).__name__ == expected) == head
+        if head and not frozen_head:  # hidden, weight, targets, norms, the hidden states' slopes (+ 5 chunks')
+            assert len(values.grad_fn.saved_tensors) == (5 + 5 if kept else 5)
         (values * weights).sum().backward()
         return values.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
     full, full_grads = run(head=False)
     assert len(full_grads) == len(list(model.parameters())) - frozen_head
-    monkeypatch.setattr(logps, "CHUNK_ELEMENTS", 4 * model.config.vocab_size)  # 4 rows a chunk: 4 chunks here
+    monkeypatch.setattr(logps, "CHUNK_ELEMENTS", 4 * model.config.vocab_size)  # 4 rows a chunk: 5 chunks here
+    monkeypatch.setattr(logps, "KEPT_ELEMENTS", 18 * model.config.vocab_size if kept else 17 * model.config.vocab_size)
     assert logps.add_logps_head(model)
     chunked, chunked_grads = run(head=True)
     torch.testing.assert_close(chunked, full, rtol=0, atol=1e-5)

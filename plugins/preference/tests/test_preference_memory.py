@@ -16,11 +16,13 @@ def _predict(name: str, *sets: str):
 
 
 def test_dpo_holds_a_reference_copy_and_both_answers() -> None:
-    """DPO's copy of the bf16 weights and one chunk of logits (bf16: the logits and their gradient, 2 + 2 bytes an
-    element; fp32 compute: 4 + 4); ORPO no copy."""
+    """DPO's copy of the bf16 weights; its trained output layer keeps up to 2**29 logits' gradients beside one
+    chunk of 2**28 logits (bf16: 2 bytes an element; fp32 compute: 4); ORPO no copy. Under LoRA the frozen output
+    layer holds one chunk's logits and their gradient."""
     dpo, orpo = _predict("llama_1p5b_dpo"), _predict("llama_1p5b_dpo", "rl=orpo")
     assert dpo.not_modelled == ()
     assert dpo.states.parameters == 2 * orpo.states.parameters
-    assert dpo.logits == 4 * 2**28
+    assert dpo.logits == 2 * (2**28 + 2**29)
     fp32 = _predict("llama_1p5b_dpo", "bf16=false", "bfloat16=false", "optimizer=adamw_torch_fused")
-    assert fp32.logits == 8 * 2**28
+    assert fp32.logits == 4 * (2**28 + 2**29)
+    assert _predict("llama_1p5b_dpo_lora").logits == 2 * 2 * 2**28
