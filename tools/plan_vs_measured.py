@@ -34,10 +34,10 @@ ROWS = [  # config, --set values, report (its ktrain.peak_memory_gib; FILE#NAME:
     ("llama_1p5b_fp8_master", ["fp8_recipe=rowwise"], "h200-2026-12-04-fp8/fp8_rowwise.json"),
     ("llama_1p5b_packed_fp8", [], f"{PLAN_CALL}#llama_1p5b_packed_fp8"),
     ("llama_1p5b_dpo", [], "h200-2026-12-04-dpo-prefix/llama_1p5b_dpo.json"),  # a pair's prompt once for both answers
-    (  # the compiled chunked head (an H100 80GB; the peak does not depend on the card)
+    (  # the compiled chunked head keeping its logits' gradients (an H100 80GB; the peak does not depend on the card)
         "llama_1p5b_dpo",
         ["precompute_ref_log_probs=true", "attn_implementation=flex_attention"],
-        "h100-2026-12-05-dpo-head/llama_1p5b_dpo.json",
+        "h100-2026-12-05-dpo-kept/llama_1p5b_dpo.json",
     ),
     # measured before an adapter's base took bf16 as a GPU default: its fp32 base
     ("llama_1p5b_dpo_lora", ["bfloat16=false"], "h200-2026-12-04-dpo-prefix/llama_1p5b_dpo_lora.json"),
