@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from ktrain.data import packing
-from ktrain.data.batches import collate, row_trained
+from ktrain.data.batches import collate, document_mask, row_trained
 from ktrain.data.examples import Example
 from ktrain.data.formats import IGNORE
 from ktrain.testing import model_dir
@@ -99,6 +99,30 @@ def test_flex_attention_block_mask_allows_what_the_sdpa_mask_allows(tiny: Path) 
     block_mask = collate(rows, 0, LENGTH, "flex_attention")["attention_mask"]
     dense = create_mask(block_mask.mask_mod, len(rows), 1, LENGTH, LENGTH, device="cpu")
     assert torch.equal(dense, collate(rows, 0, LENGTH, "sdpa")["attention_mask"])
+
+
+@pytest.mark.parametrize(("length", "prefix"), [(96, None), (300, None), (300, 1), (1536, 1)])
+def test_the_document_block_mask_has_create_block_masks_tiles(length: int, prefix: int | None) -> None:
+    """The ``BlockMask`` built from the boolean mask's tiles is the one ``create_block_mask`` builds by evaluating the
+    mask position by position: the same partial and full tiles, in the same order, for queries and for keys
+    (lengths that are and are not a multiple of 128; documents, and documents that also see a shared prefix)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    documents = torch.randint(0, 4, (3, length), generator=torch.Generator().manual_seed(length)).sort(-1).values
+
+    def same_document(b: Any, h: Any, q: Any, k: Any) -> Any:
+        seen = documents[b, q] == documents[b, k]
+        if prefix is not None:
+            seen = seen | ((documents[b, k] == prefix) & (documents[b, q] > prefix))
+        return seen & (q >= k)
+
+    expected = create_block_mask(same_document, 3, None, length, length, device="cpu").as_tuple()
+    built = document_mask(documents, "flex_attention", prefix=prefix).as_tuple()
+    tensors = [(a, b) for a, b in zip(built, expected, strict=True) if isinstance(b, torch.Tensor)]
+    assert len(tensors) == 8  # kv and q: partial counts and indices, full counts and indices
+    for a, b in tensors:
+        assert torch.equal(a, b)
+    assert built[:2] == expected[:2]  # the sequence lengths
 
 
 @pytest.mark.gpu

@@ -164,9 +164,13 @@ def document_mask(documents: torch.Tensor, attention: str, prefix: int | None = 
     With ``prefix``, the documents numbered above ``prefix`` also see document ``prefix`` (a prompt shared by the
     documents after it); those numbered below it do not.
     """
-    batch, length = documents.shape
+    length = documents.shape[1]
+    causal = torch.ones((length, length), dtype=torch.bool, device=documents.device).tril()
+    seen = documents[:, :, None] == documents[:, None, :]
+    if prefix is not None:
+        seen = seen | ((documents[:, None, :] == prefix) & (documents[:, :, None] > prefix))
+    allowed = seen & causal
     if attention == "flex_attention":
-        from torch.nn.attention.flex_attention import create_block_mask
 
         def same_document(b: Any, h: Any, q: Any, k: Any) -> Any:
             seen = documents[b, q] == documents[b, k]
@@ -174,13 +178,38 @@ def document_mask(documents: torch.Tensor, attention: str, prefix: int | None = 
                 seen = seen | ((documents[b, k] == prefix) & (documents[b, q] > prefix))
             return seen & (q >= k)
 
-        return create_block_mask(same_document, batch, None, length, length, device=documents.device)
-    causal = torch.ones((length, length), dtype=torch.bool, device=documents.device).tril()
-    seen = documents[:, :, None] == documents[:, None, :]
-    if prefix is not None:
-        seen = seen | ((documents[:, None, :] == prefix) & (documents[:, :, None] > prefix))
-    allowed = seen & causal
+        return _block_mask(allowed, same_document)
     if attention == "eager":
         additive = torch.zeros(allowed.shape, dtype=torch.float32, device=documents.device)
         return additive.masked_fill(~allowed, torch.finfo(torch.float32).min)[:, None]
     return allowed[:, None]
+
+
+BLOCK = 128
+"""The side of FlexAttention's tiles of (query, key) positions (its default block size)."""
+
+
+def _block_mask(allowed: torch.Tensor, mask_mod: Any) -> Any:
+    """FlexAttention's ``BlockMask`` of the boolean mask ``allowed`` ``[batch, length, length]``, whose every
+    (query, key) ``mask_mod`` gives: each tile of ``BLOCK`` x ``BLOCK`` positions is skipped (nothing allowed),
+    full (all allowed: no mask evaluated in it) or partial (``mask_mod`` evaluated in the kernel). The tiles come
+    from ``allowed`` by a few tensor operations; ``create_block_mask`` finds the same ones by evaluating
+    ``mask_mod`` through vmap, many small operations that the host launches one by one each step."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    batch, length = allowed.shape[0], allowed.shape[-1]
+    tiles, pad = -(-length // BLOCK), -length % BLOCK
+    padded = torch.nn.functional.pad(allowed, (0, pad, 0, pad))
+    counts = padded.view(batch, 1, tiles, BLOCK, tiles, BLOCK).sum((3, 5))
+    full = counts == BLOCK * BLOCK
+    partial = (counts > 0) & ~full
+
+    def ordered(kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """How many tiles of each row of tiles are kept, and their columns first (then the others, in order)."""
+        ones = kept.to(torch.int32)
+        columns = torch.argsort(ones, dim=-1, descending=True, stable=True)
+        return ones.sum(-1, dtype=torch.int32), columns.to(torch.int32)
+
+    return BlockMask.from_kv_blocks(
+        *ordered(partial), *ordered(full), BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=(length, length)
+    )
