@@ -9,6 +9,10 @@ often and the ktrain frames that led there:
     python tools/device/find_syncs.py configs/bench/llama_1p5b_dpo.yaml --pairs 512:512 --warmup 2 --steps 3
 
 The arguments are ``ktrain bench``'s (one process; a peer, if asked for, is not checked: its loop is not ours).
+It reports what PyTorch's check reports (``.item()``, copies to the host, ``nonzero`` and the like; compiling
+in the timed steps, as with ``--warmup 0``, shows as such waits in the forward); an explicit wait on an event
+or a stream is not checked, such as the step's one read of its loss (``ktrain.run.host_loss``), which waits
+for the last forward while the backward is already queued.
 """
 
 from __future__ import annotations
