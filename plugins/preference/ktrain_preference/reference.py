@@ -84,9 +84,13 @@ def _dropout(model: Any) -> bool:
 
 
 def _sharded(model: Any) -> bool:
-    """Whether a parameter is sharded (a DTensor, a ZeRO-3 partition): a shard shows a rank only its part, and a
-    sharding engine's forward expects its backward."""
-    return any(isinstance(p, DTensor) or hasattr(p, "ds_id") for p in model.parameters())
+    """Whether the model is sharded (a DTensor, a ZeRO-3 partition, an FSDP1 unit): a shard shows a rank only its
+    part, and a sharding engine's forward expects its backward."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if any(isinstance(p, DTensor) or hasattr(p, "ds_id") for p in model.parameters()):
+        return True
+    return any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
 
 
 def unchanged_base(model: Any) -> bool:
@@ -102,10 +106,9 @@ def _as_reference(model: Any) -> tuple[Any, bool]:
     """The context the reference pass runs in, and whether it runs the policy's own forward: a peft model's
     adapter is switched off, unless it leaves the base unchanged. The policy's own forward (the model as it is,
     in training mode with autograd recording, as in the first step; where nothing drops out and nothing is
-    sharded) is the reference's
-    function computed the same way, so step 1's loss is ln 2 to the bit: a compiled forward without autograd,
-    or the base's own forward, is another graph, whose fused element-wise work rounds differently in a bf16
-    residual stream."""
+    sharded) is the reference's function computed the same way, so step 1's loss is ln 2 to the bit: a compiled
+    forward without autograd, or the base's own forward, is another graph, whose fused element-wise work rounds
+    differently in a bf16 residual stream."""
     if not hasattr(model, "disable_adapter") or unchanged_base(model):
         return contextlib.nullcontext(), not (_sharded(model) or _dropout(model))
     return model.disable_adapter(), False
