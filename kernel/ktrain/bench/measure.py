@@ -195,9 +195,9 @@ def measure(
     torch.manual_seed(cfg.seed)
     timed, report["formula"] = _time_ktrain(trainer, data, warmup, steps, profile_to)
     if timed.peak_memory_gib is not None:
-        (timed.peak_memory_gib,) = distributed.all_reduce_max([timed.peak_memory_gib], run.device)
+        (timed.peak_memory_gib,) = distributed.all_reduce_max([timed.peak_memory_gib])
     # each rank's loss is its share of the global token mean; ranks holding copies (tensor parallel) count once
-    losses = distributed.all_reduce_sum([timed.first_loss, timed.last_loss], run.device)
+    losses = distributed.all_reduce_sum([timed.first_loss, timed.last_loss])
     timed.first_loss, timed.last_loss = (loss / run.mesh.copies for loss in losses)
     flops = report["formula"]["flops_per_token"]
     all_peaks = peak * run.world_size if peak else None

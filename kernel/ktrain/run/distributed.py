@@ -70,21 +70,31 @@ def barrier() -> None:
         dist.barrier()
 
 
-def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    """Sum ``values`` over all ranks (a no-op in one process: no round trip through the device)."""
-    return _all_reduce(values, device, dist.ReduceOp.SUM)
+def all_reduce_sum(values: list[float]) -> list[float]:
+    """Sum ``values`` over all ranks (``values`` themselves in one process)."""
+    return _all_reduce(values, dist.ReduceOp.SUM)
 
 
-def all_reduce_max(values: list[float], device: torch.device) -> list[float]:
+def all_reduce_max(values: list[float]) -> list[float]:
     """The largest of each of ``values`` over all ranks (``values`` themselves in one process)."""
-    return _all_reduce(values, device, dist.ReduceOp.MAX)
+    return _all_reduce(values, dist.ReduceOp.MAX)
 
 
-def _all_reduce(values: list[float], device: torch.device, op: Any) -> list[float]:
+_host_group: Any = None
+"""Where the process group is NCCL: a gloo group of every rank, for the values the host holds."""
+
+
+def _all_reduce(values: list[float], op: Any) -> list[float]:
+    """``values`` reduced over all ranks between the hosts (gloo): through NCCL the reduction would queue behind the
+    GPU's work and the host would wait for it all (each step, the whole backward), leaving the GPU idle while it
+    then queues the next work."""
+    global _host_group
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return values
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=op)
+    if _host_group is None and dist.get_backend() != "gloo":
+        _host_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=op, group=_host_group)
     return t.tolist()
 
 

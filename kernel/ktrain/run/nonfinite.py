@@ -55,7 +55,7 @@ def skipped(run: Run, engine: Any, step: int, loss_sum: float) -> bool:
     flags = [0.0] * (2 * run.world_size)  # per rank: a non-finite loss, then the signal it was asked to stop by
     flags[run.rank] = 0.0 if math.isfinite(value) else 1.0
     flags[run.world_size + run.rank] = float(stop.requested())
-    summed = distributed.all_reduce_sum(flags, run.device)
+    summed = distributed.all_reduce_sum(flags)
     stop.agree(summed[run.world_size :])
     ranks = [rank for rank, flag in enumerate(summed[: run.world_size]) if flag]
     if not ranks:

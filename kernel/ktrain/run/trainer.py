@@ -163,7 +163,7 @@ class Trainer:
                 loss_sum += float(loss)
                 tokens += sum(self.objective.items(row) for row in rows)
         self.engine.train(True)
-        total_loss, total_tokens = distributed.all_reduce_sum([loss_sum, tokens], self.run.device)
+        total_loss, total_tokens = distributed.all_reduce_sum([loss_sum, tokens])
         mesh = self.run.mesh
         return (total_loss / mesh.copies) / max(total_tokens / (mesh.world_size // mesh.dp_size), 1)
 
@@ -245,7 +245,7 @@ class Trainer:
             window_inputs += inputs
             self.tokens_seen += inputs
             if run.step % config.logging_steps == 0 or run.step == total:
-                (reduced,) = distributed.all_reduce_sum([window_loss], run.device)
+                (reduced,) = distributed.all_reduce_sum([window_loss])
                 elapsed = time.perf_counter() - window_start
                 metrics = {
                     "loss": reduced / run.mesh.copies / max(window_tokens, 1),

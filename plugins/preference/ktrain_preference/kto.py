@@ -42,7 +42,6 @@ class UnpairedObjective:
         self.weights = (config.kto_desirable_weight, config.kto_undesirable_weight)
         self.limit = config.sequence_len
         self.reference, self.head = reference, head
-        self.device = device
         # the metrics' sums, the desirable and undesirable rows, the KL estimates and their count
         self.sums = torch.zeros(len(METRICS) + 4, dtype=torch.float64, device=device)
 
@@ -106,7 +105,7 @@ class UnpairedObjective:
 
     def metrics(self) -> dict[str, float]:
         """TRL's rewards/*, logps/* and kl over the rows trained since the last call, on every rank."""
-        totals = distributed.all_reduce_sum([float(v) for v in self.sums], self.device)
+        totals = distributed.all_reduce_sum([float(v) for v in self.sums])
         self.sums.zero_()
         (chosen, rejected, chosen_logps, rejected_logps, good, bad, kl, calls) = totals
         out = {"kl": kl / max(calls, 1.0)}

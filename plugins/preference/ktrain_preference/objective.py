@@ -75,7 +75,6 @@ class PairObjective:
         self.precomputed: dict[bytes, tuple[float, float]] | None = None
         # what ran over the data before the first step (the precompute pass): name, seconds, items, unit
         self.passes: list[dict[str, Any]] = []
-        self.device = device
         self.sums = torch.zeros(len(METRICS) + 1, dtype=torch.float64, device=device)  # the metrics, then pairs
 
     def items(self, row: list[Any]) -> int:
@@ -164,7 +163,7 @@ class PairObjective:
 
     def metrics(self) -> dict[str, float]:
         """TRL's rewards/* and logps/* over the pairs trained since the last call, on every rank."""
-        totals = distributed.all_reduce_sum([float(v) for v in self.sums], self.device)
+        totals = distributed.all_reduce_sum([float(v) for v in self.sums])
         self.sums.zero_()
         pairs = max(totals[-1], 1.0)
         return {name: value / pairs for name, value in zip(METRICS, totals[:-1], strict=True)}

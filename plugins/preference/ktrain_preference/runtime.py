@@ -82,8 +82,7 @@ class Preference:
         placed = run.hook.ktrain_shard_frozen(module=self.copy, run=run)
         self.copy = placed if placed is not None else self.copy.to(run.device)
         mine, total = held(self.copy)
-        shares = distributed.all_reduce_sum([float(mine) if r == run.rank else 0.0 for r in range(run.world_size)],
-                                            run.device)  # fmt: skip
+        shares = distributed.all_reduce_sum([float(mine) if r == run.rank else 0.0 for r in range(run.world_size)])
         if run.is_main:
             ranks = ", ".join(f"{int(v):,}" for v in shares)
             how = "whole on every rank" if all(v == total for v in shares) else "sharded like the policy"
