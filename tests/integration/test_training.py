@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import shutil
 import time
@@ -158,3 +159,47 @@ def test_output_dir_of_an_earlier_run_is_refused(root: Path) -> None:
     assert _digest(root / "out" / "final" / "model.safetensors") == before
     assert ktrain("run", str(config), "--overwrite", "--set", "seed=8").returncode == 0
     assert _digest(root / "out" / "final" / "model.safetensors") != before
+
+
+def test_the_next_steps_batch_is_collated_before_this_steps_update(root: Path) -> None:
+    """While the device runs a step's backward, the host collates the next step's first micro-batch (it would
+    otherwise do so after queueing the update, the device idle meanwhile); the last step collates nothing. The
+    objects alive after the first step are left out of the garbage collector's passes until the run ends."""
+    from ktrain import hookimpl
+    from ktrain.builtin.causal_lm import CausalLM
+    from ktrain.config.plan import prepare
+    from ktrain.run.directory import prepare_run_dir
+    from ktrain.run.trainer import rank_main
+
+    events: list[str] = []
+    frozen: list[int] = []
+
+    class Recorded(CausalLM):
+        @hookimpl(tryfirst=True)
+        def ktrain_build_objective(self, run, engine):
+            return self
+
+        def collate(self, *args, **kwargs):
+            events.append("collate")
+            return super().collate(*args, **kwargs)
+
+    class Record:
+        @hookimpl
+        def ktrain_activate(self, config, activate) -> None:
+            activate(Recorded(config), roles=("objective",))
+
+        @hookimpl
+        def ktrain_on_step_end(self, run, step, metrics) -> None:
+            events.append(f"end {step}")
+            frozen.append(gc.get_freeze_count())
+
+    config = write_config(root, max_steps=3, gradient_accumulation_steps=2, logging_steps=1)
+    run_dir, lock = prepare_run_dir(prepare(config), resume=False, overwrite=False)
+    try:
+        rank_main(run_dir, resume=False, extra_plugins=(("record", Record()),))
+    finally:
+        lock.close()
+    each = ["collate", "collate"]  # this step's second micro-batch, then the next step's first
+    assert events == ["collate", *each, "end 1", *each, "end 2", "collate", "end 3"]
+    # what was alive after the first step stayed out of the collector's passes (ktrain.run.host_gc), until the end
+    assert min(frozen) > 100_000 and gc.get_freeze_count() == 0, frozen

@@ -36,7 +36,7 @@ for c in ${CONFIGS:-llama_1p5b_dpo llama_1p5b_dpo_lora}; do
   [ "$limit" -gt 10 ] || { echo "$c: no time left"; continue; }
   timeout "$limit" ktrain bench "configs/bench/$c.yaml" --pairs ${PAIRS:-512:512} ${PEER---peer trl} ${BENCH_ARGS:-} \
     ${PROFILE_EACH:+--profile "$OUT/b/profile_$c.txt"} --json "$OUT/b/$c.json" > "$OUT/b/$c.txt" 2>&1
-  rc=$?; echo "$(date +%T) $c rc=$rc"; tr '\r' '\n' < "$OUT/b/$c.txt" | grep -E "^(ktrain|peer|device while|rows)" | cut -c1-300
+  rc=$?; echo "$(date +%T) $c rc=$rc"; tr '\r' '\n' < "$OUT/b/$c.txt" | grep -E "^(ktrain|peer|device while|host while|rows)" | cut -c1-300
   [ $rc -eq 0 ] || tail -4 "$OUT/b/$c.txt" | cut -c1-400
   [ -z "${PROFILE_EACH:-}" ] || head -22 "$OUT/b/profile_$c.txt" 2>/dev/null | cut -c1-200
 done

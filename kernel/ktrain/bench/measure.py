@@ -44,6 +44,7 @@ def _side(
         "first_loss": timed.first_loss,
         "last_loss": timed.last_loss,
         "device_state": attrs.asdict(timed.device_state) if timed.device_state else None,
+        "collections": dict(zip(("passes", "oldest", "seconds"), timed.collections, strict=True)),
     }
 
 

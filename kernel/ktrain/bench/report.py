@@ -79,6 +79,7 @@ def describe_report(report: dict[str, Any]) -> str:
     if report["ratio"] is not None:
         lines.append(f"ktrain / peer: {report['ratio']:.2f}x tokens/s")
     lines.extend(_describe_device_states(report))
+    lines.extend(_describe_collections(report))
     if report["device"] == "CPU":
         lines.append("peak memory: n/a on a CPU (the GPU's max_memory_allocated on a GPU)")
     return "\n".join(lines)
@@ -96,3 +97,16 @@ def _describe_device_states(report: dict[str, Any]) -> list[str]:
         f"device while timed, {side['name'].split(':')[0]}: {DeviceState(**side['device_state']).describe()}"
         for side in sides
     ]
+
+
+def _describe_collections(report: dict[str, Any]) -> list[str]:
+    """The host's garbage collections while each side was timed (a pass is a pause of the host)."""
+    lines = []
+    for side in (report["ktrain"], report["peer"]):
+        done = (side or {}).get("collections")
+        if done:
+            lines.append(
+                f"host while timed, {side['name'].split(':')[0]}: {done['passes']:,} garbage collector passes "
+                f"({done['oldest']} over the oldest generation), {done['seconds'] * 1e3:,.1f} ms in all"
+            )
+    return lines

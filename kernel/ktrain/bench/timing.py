@@ -1,7 +1,8 @@
 """Timing training steps for ``ktrain bench``: warm-up, timed steps, and each step split into parts.
 
-The parts are ``data`` (fetching and collating the rows and copying them to the device), ``forward_backward``
-and ``optimizer`` (clipping, the update, the schedule, zeroing the gradients). Each part is the time from
+The parts are ``data`` (fetching and collating the rows and copying them to the device; the next step's first
+micro-batch is queued after a step's backward, before its update), ``forward_backward`` and ``optimizer``
+(clipping, the update, the schedule, zeroing the gradients). Each part is the time from
 the previous mark to its own. On a GPU the marks are CUDA events recorded in the stream as the host passes
 each point and read once after the timed steps, so the step is never stalled to be timed; a part is then
 the GPU's time between marks, which includes the GPU waiting for the host (that is how a slow data path
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ktrain.bench.device import DeviceMonitor, DeviceState
+from ktrain.run.host_gc import Collections
 
 PARTS = ("data", "forward_backward", "optimizer")
 
@@ -34,6 +36,7 @@ class Timeline:
         self.active = False
         self.started = 0.0
         self.monitor = DeviceMonitor(device)
+        self.collections = Collections()
 
     def _now(self) -> Any:
         if not self.cuda:
@@ -55,6 +58,7 @@ class Timeline:
         self.started = time.perf_counter()
         self.active = True
         self.monitor.start()
+        self.collections.start()
 
     def mark(self, part: str) -> None:
         """The end of ``part`` (one of ``PARTS``) of the current step."""
@@ -68,6 +72,7 @@ class Timeline:
         wall = time.perf_counter() - self.started
         self.active = False
         state = self.monitor.stop()
+        self.collections.stop()
         parts = dict.fromkeys(PARTS, 0.0)
         for (_, before), (part, after) in zip(self.marks, self.marks[1:], strict=False):
             parts[part] += before.elapsed_time(after) / 1e3 if self.cuda else after - before
@@ -87,6 +92,8 @@ class Timed:
     last_loss: float
     peak_memory_gib: float | None
     device_state: DeviceState | None = None
+    collections: tuple[int, int, float] = (0, 0, 0.0)
+    """The host's garbage collections while timed: how many, how many of the oldest generation, their seconds."""
 
 
 def run_steps(step: Callable[[int], tuple[Any, int]], warmup: int, steps: int, timeline: Timeline) -> Timed:
@@ -107,7 +114,8 @@ def run_steps(step: Callable[[int], tuple[Any, int]], warmup: int, steps: int, t
         first = float(loss) if i == 0 else first
         tokens += n
     seconds, parts, state = timeline.stop()
-    return Timed(steps, tokens, seconds, parts, first, float(loss), peak_memory_gib(timeline.device), state)
+    memory = peak_memory_gib(timeline.device)
+    return Timed(steps, tokens, seconds, parts, first, float(loss), memory, state, timeline.collections.totals())
 
 
 def peak_memory_gib(device: torch.device) -> float | None:

@@ -88,8 +88,8 @@ class BenchTrainer(Trainer):
         print("\n".join(data.summary), flush=True)
         if data.train.steps_per_epoch == 0:
             raise ConfigError.single("datasets", "fewer training rows than one global batch: nothing to time")
-        if isinstance(data.train, StreamRows):
-            data.train = FetchedRows(data.train, steps)
+        if isinstance(data.train, StreamRows):  # one step more: the last step run queues the next one's batch
+            data.train = FetchedRows(data.train, steps + 1)
         return data
 
     def _cache_pairs(self, rows: PairRows) -> None:
@@ -112,6 +112,7 @@ class BenchTrainer(Trainer):
         self.dp_rank = self.run.dp_rank()
         self.plan = data.train
         self.build_engine(model, total_steps)
+        self.total_steps = total_steps + 1  # each step run queues the next one's batch, as in a run but its last
         self.engine = TimedEngine(self.engine, self.timeline)
         self.engine.train(True)
 

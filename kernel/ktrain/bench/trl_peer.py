@@ -167,5 +167,6 @@ def run_trl_peer(
         last = float(found["loss"])
         del trainer, model, reference
     seconds, parts, state = found["stopped"]
-    timed = Timed(steps, pairs.tokens_per_step * steps, seconds, parts, first, last, found["peak"], state)
+    tokens, collections = pairs.tokens_per_step * steps, timeline.collections.totals()
+    timed = Timed(steps, tokens, seconds, parts, first, last, found["peak"], state, collections)
     return timed, flops, found.get("passes", [])

@@ -76,7 +76,8 @@ def _check_owned_hooks(plugins: Plugins, info: PluginInfo, obj: Any, roles: tupl
             continue
         if obj is not info.module:
             raise _unclaimed(info, caller.name, type(obj).__name__, role)
-        where = f"in its entry module {info.module.__name__}, which takes part in every run"
+        module = getattr(info.module, "__name__", type(info.module).__name__)  # an object registered in process
+        where = f"in its entry module {module}, which takes part in every run"
         fix = f"move it to a runtime object activated with activate(obj, roles=('{role}',))"
         raise PluginError(f"plugin {info.describe()} implements {caller.name} {where}: {fix}")
 

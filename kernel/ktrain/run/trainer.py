@@ -28,7 +28,7 @@ from ktrain.data.examples import Example
 from ktrain.data.pipeline import TrainData
 from ktrain.data.preprocess import chat_ready
 from ktrain.data.stream import StreamRows
-from ktrain.run import checkpoints, distributed, libraries, nonfinite, stop
+from ktrain.run import checkpoints, distributed, host_gc, libraries, nonfinite, stop
 from ktrain.run.context import Run, compute_dtype
 from ktrain.run.early_stop import EarlyStop
 from ktrain.run.faults import maybe_fault
@@ -43,6 +43,9 @@ class Trainer:
         self.run = run
         self.config = run.config
         self.tokens_seen = 0
+        self.total_steps = 0
+        self._ahead: tuple[int, list, dict[str, Any]] | None = None  # the next step's rows and first micro-batch
+        self._settled = False  # whether the objects alive after the first step are out of the collector's passes
 
     # ---------------------------------------------------------------- setup
 
@@ -68,6 +71,7 @@ class Trainer:
     def build_engine(self, model: Any, total_steps: int) -> None:
         """``shard`` the model into ``self.engine`` (optimizer and schedule for ``total_steps``), then the step."""
         run = self.run
+        self.total_steps = total_steps
 
         def build_optimizer(params: Any) -> Any:
             return run.hook.ktrain_build_optimizer(params=params, run=run)
@@ -121,16 +125,31 @@ class Trainer:
             for k, v in batch.items()
         }
 
+    def _step_rows(self, step: int, data: TrainData) -> tuple[list, dict[str, Any] | None]:
+        """The rows of ``step``, and its first micro-batch on the device where the step before queued it."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == step:
+            return ahead[1], ahead[2]
+        return data.train.step(step), None
+
+    def _queue_next(self, step: int, data: TrainData) -> None:
+        """Fetch, collate and copy the first micro-batch of the step after ``step``, while the device runs this
+        step's backward: the host would otherwise do it after the update is queued, the device idle meanwhile."""
+        if step + 1 >= self.total_steps:
+            return
+        rows = data.train.step(step + 1)
+        self._ahead = (step + 1, rows, self._to_device(rows[self.dp_rank][0], data.train_packed))
+
     def _train_step(self, step: int, data: TrainData) -> tuple[float, int, int]:
         """One optimizer step; returns (local loss sum, global trained tokens, global input tokens)."""
-        rows = data.train.step(step)
+        rows, first = self._step_rows(step, data)
         global_tokens = sum(self.objective.items(row) for rank in rows for micro in rank for row in micro)
         input_tokens = sum(row_tokens(row) for rank in rows for micro in rank for row in micro)
         num_items = max(global_tokens, 1) / self.run.mesh.gradient_ranks
         mine = rows[self.dp_rank]
         losses = []  # each copied to the host once its forward is queued, read after the last backward is
         for k, micro in enumerate(mine):
-            batch = self._to_device(micro, data.train_packed)
+            batch = first if k == 0 and first is not None else self._to_device(micro, data.train_packed)
             with self.engine.accumulate(last=k == len(mine) - 1):
                 maybe_fault("forward", step + 1, self.run.rank)
                 with self._autocast():
@@ -138,12 +157,16 @@ class Trainer:
                 losses.append(HostLoss(loss))
                 maybe_fault("backward", step + 1, self.run.rank)
                 self.engine.backward(loss)
+        self._queue_next(step, data)
         loss_sum = sum(loss.read() for loss in losses) * num_items
         maybe_fault("optimizer", step + 1, self.run.rank)
         if nonfinite.skipped(self.run, self.engine, step + 1, loss_sum):  # NaN/inf on a rank: stop, or all skip
             self.grad_norm = math.nan
             return loss_sum, global_tokens, input_tokens
         self.grad_norm = self.engine.step()
+        if not self._settled:  # the first step has built what stays (compiled graphs, optimizer states)
+            host_gc.settle()
+            self._settled = True
         return loss_sum, global_tokens, input_tokens
 
     @torch.no_grad()
@@ -197,6 +220,7 @@ class Trainer:
             return self._loop(start, total, data)
         finally:
             run.log.close()
+            host_gc.release()
 
     def _loop(self, start: int, total: int, data: TrainData) -> dict[str, float]:
         run, config = self.run, self.config
