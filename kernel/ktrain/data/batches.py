@@ -194,7 +194,9 @@ def _block_mask(allowed: torch.Tensor, mask_mod: Any) -> Any:
     (query, key) ``mask_mod`` gives: each tile of ``BLOCK`` x ``BLOCK`` positions is skipped (nothing allowed),
     full (all allowed: no mask evaluated in it) or partial (``mask_mod`` evaluated in the kernel). The tiles come
     from ``allowed`` by a few tensor operations; ``create_block_mask`` finds the same ones by evaluating
-    ``mask_mod`` through vmap, many small operations that the host launches one by one each step."""
+    ``mask_mod`` through vmap, many small operations that the host launches one by one each step. The backward's
+    (query-side) tiles come from the transposed tiles the same way; ``BlockMask.from_kv_blocks`` would derive them
+    from the key-side lists through a dense round trip, five times the host's time."""
     from torch.nn.attention.flex_attention import BlockMask
 
     batch, length = allowed.shape[0], allowed.shape[-1]
@@ -210,6 +212,18 @@ def _block_mask(allowed: torch.Tensor, mask_mod: Any) -> Any:
         columns = torch.argsort(ones, dim=-1, descending=True, stable=True)
         return ones.sum(-1, dtype=torch.int32), columns.to(torch.int32)
 
-    return BlockMask.from_kv_blocks(
-        *ordered(partial), *ordered(full), BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=(length, length)
+    (kv_partial, kv_partial_at), (kv_full, kv_full_at) = ordered(partial), ordered(full)
+    (q_partial, q_partial_at), (q_full, q_full_at) = ordered(partial.mT), ordered(full.mT)  # the key tiles' view
+    return BlockMask(
+        seq_lengths=(length, length),
+        kv_num_blocks=kv_partial,
+        kv_indices=kv_partial_at,
+        full_kv_num_blocks=kv_full,
+        full_kv_indices=kv_full_at,
+        q_num_blocks=q_partial,
+        q_indices=q_partial_at,
+        full_q_num_blocks=q_full,
+        full_q_indices=q_full_at,
+        BLOCK_SIZE=(BLOCK, BLOCK),
+        mask_mod=mask_mod,
     )
