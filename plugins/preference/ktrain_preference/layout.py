@@ -22,9 +22,9 @@ plus it), then, with ``whole_chosen`` (ORPO's NLL), each chosen sequence's promp
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ktrain.data.batches import document_mask, to_device
@@ -53,46 +53,46 @@ def shared_attention(model: Any) -> str | None:
     return attention
 
 
-def sequences(sample: Any) -> tuple[list[int], list[int], list[int], list[int]]:
-    """A pair's sample as the ids and labels of its chosen sequence, then of its rejected one."""
-    ids, labels = [int(t) for t in sample.input_ids], [int(t) for t in sample.labels]
+def sequences(sample: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A pair's sample as the ids and labels of its chosen sequence, then of its rejected one (int64 arrays:
+    the host builds a micro-batch with array operations, not element by element, while the device trains)."""
+    ids, labels = np.asarray(sample.input_ids, dtype=np.int64), np.asarray(sample.labels, dtype=np.int64)
     at = split(labels)
     return ids[:at], labels[:at], ids[at:], labels[at:]
 
 
-def prompt_length(labels: Sequence[int]) -> int:
+def prompt_length(labels: np.ndarray) -> int:
     """The tokens before a sequence's first labelled one."""
-    return next(i for i, label in enumerate(labels) if label != IGNORE)
+    return int(np.argmax(labels != IGNORE))
 
 
 class Scores:
     """The scored tokens of a micro-batch, gathered group by group in the order of their places."""
 
     def __init__(self, groups: int):
-        self.parts: list[torch.Tensor] = []
+        self.parts: list[np.ndarray] = []
         self.counts = [0] * groups
 
     def sequence(
-        self, ids: list[int], labels: list[int], row: int, places: torch.Tensor, group: int, prompt: int | None
+        self, ids: np.ndarray, labels: np.ndarray, row: int, places: np.ndarray, group: int, prompt: int | None
     ) -> None:
         """Score the labelled tokens of a sequence in ``row`` (``places``: each of its tokens' position in the row)
         in ``group``, and with ``prompt`` its other tokens after the first in that group."""
-        targets, ids_after = torch.tensor(labels[1:], dtype=torch.long), torch.tensor(ids[1:], dtype=torch.long)
+        targets, ids_after, before = labels[1:], ids[1:], places[:-1]
         scored = targets != IGNORE
-        self._add(group, row, places[:-1][scored], targets[scored])
+        self._add(group, row, before[scored], targets[scored])
         if prompt is not None:
-            self._add(prompt, row, places[:-1][~scored], ids_after[~scored])
+            self._add(prompt, row, before[~scored], ids_after[~scored])
 
-    def _add(self, group: int, row: int, positions: torch.Tensor, targets: torch.Tensor) -> None:
-        n = len(positions)
-        slots = torch.arange(self.counts[group], self.counts[group] + n)
-        self.parts.append(
-            torch.stack([torch.full_like(positions, row), positions, targets, torch.full_like(slots, group), slots])
-        )
+    def _add(self, group: int, row: int, positions: np.ndarray, targets: np.ndarray) -> None:
+        n, first = len(positions), self.counts[group]
+        part = np.empty((5, n), dtype=np.int64)
+        part[0], part[1], part[2], part[3], part[4] = row, positions, targets, group, np.arange(first, first + n)
+        self.parts.append(part)
         self.counts[group] += n
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        scored = torch.cat(self.parts, dim=1) if self.parts else torch.zeros((5, 0), dtype=torch.long)
+        scored = torch.from_numpy(np.concatenate(self.parts, axis=1) if self.parts else np.zeros((5, 0), np.int64))
         return {"logps_at": scored[:3], "logps_slots": scored[3:], "answer_tokens": torch.tensor(self.counts)}
 
 
@@ -105,8 +105,8 @@ def padded(sequences: Sequences, pad_id: int, pad_to: int | None) -> dict[str, t
         "attention_mask": torch.zeros((len(sequences), length), dtype=torch.long),
     }
     for i, (ids, labels) in enumerate(sequences):
-        batch["input_ids"][i, : len(ids)] = torch.tensor(ids)
-        batch["labels"][i, : len(ids)] = torch.tensor(labels)
+        batch["input_ids"][i, : len(ids)] = torch.as_tensor(ids)
+        batch["labels"][i, : len(ids)] = torch.as_tensor(labels)
         batch["attention_mask"][i, : len(ids)] = 1
     return batch
 
@@ -117,8 +117,8 @@ def two_rows(samples: list[Any], pad_id: int, pad_to: int | None, whole_chosen: 
     n = len(pairs)
     scores = Scores(3 * n if whole_chosen else 2 * n)
     for i, (chosen, chosen_labels, rejected, rejected_labels) in enumerate(pairs):
-        scores.sequence(chosen, chosen_labels, i, torch.arange(len(chosen)), i, 2 * n + i if whole_chosen else None)
-        scores.sequence(rejected, rejected_labels, n + i, torch.arange(len(rejected)), n + i, None)
+        scores.sequence(chosen, chosen_labels, i, np.arange(len(chosen)), i, 2 * n + i if whole_chosen else None)
+        scores.sequence(rejected, rejected_labels, n + i, np.arange(len(rejected)), n + i, None)
     batch = padded([(c, cl) for c, cl, _, _ in pairs] + [(r, rl) for _, _, r, rl in pairs], pad_id, pad_to)
     del batch["labels"]
     return {**batch, **scores.tensors()}
@@ -130,22 +130,23 @@ def shared_rows(samples: list[Any], pad_id: int, attention: str, whole_chosen: b
     pairs = [sequences(sample) for sample in samples]
     prompts = [prompt_length(chosen_labels) for _, chosen_labels, _, _ in pairs]
     for (chosen, _, rejected, rejected_labels), p in zip(pairs, prompts, strict=True):
-        if prompt_length(rejected_labels) != p or chosen[:p] != rejected[:p]:
+        if prompt_length(rejected_labels) != p or not np.array_equal(chosen[:p], rejected[:p]):
             return None
     n = len(pairs)
     length = max(len(chosen) + len(rejected) - p for (chosen, _, rejected, _), p in zip(pairs, prompts, strict=True))
-    ids = torch.full((n, length), pad_id, dtype=torch.long)
-    positions = torch.zeros((n, length), dtype=torch.long)
-    segments = torch.full((n, length), PADDING, dtype=torch.long)
+    ids = np.full((n, length), pad_id, dtype=np.int64)
+    positions = np.zeros((n, length), dtype=np.int64)
+    segments = np.full((n, length), PADDING, dtype=np.int64)
     scores = Scores(3 * n if whole_chosen else 2 * n)
     for i, ((chosen, chosen_labels, rejected, rejected_labels), p) in enumerate(zip(pairs, prompts, strict=True)):
         c, end = len(chosen), len(chosen) + len(rejected) - p
-        ids[i, :end] = torch.tensor(chosen + rejected[p:])
-        positions[i, :c] = torch.arange(c)
-        positions[i, c:end] = torch.arange(p, len(rejected))
-        positions[i, end:] = torch.arange(length - end)
+        ids[i, :c], ids[i, c:end] = chosen, rejected[p:]
+        positions[i, :c] = np.arange(c)
+        positions[i, c:end] = np.arange(p, len(rejected))
+        positions[i, end:] = np.arange(length - end)
         segments[i, :p], segments[i, p:c], segments[i, c:end] = PROMPT, CHOSEN, REJECTED
-        scores.sequence(chosen, chosen_labels, i, torch.arange(c), i, 2 * n + i if whole_chosen else None)
-        scores.sequence(rejected, rejected_labels, i, torch.cat([torch.arange(p), torch.arange(c, end)]), n + i, None)
-    mask = document_mask(to_device(segments, torch.device(device or "cpu")), attention, prefix=PROMPT)
-    return {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **scores.tensors()}
+        scores.sequence(chosen, chosen_labels, i, np.arange(c), i, 2 * n + i if whole_chosen else None)
+        scores.sequence(rejected, rejected_labels, i, np.r_[0:p, c:end], n + i, None)
+    mask = document_mask(to_device(torch.from_numpy(segments), torch.device(device or "cpu")), attention, prefix=PROMPT)
+    tensors = {"input_ids": torch.from_numpy(ids), "position_ids": torch.from_numpy(positions)}
+    return {**tensors, "attention_mask": mask, **scores.tensors()}

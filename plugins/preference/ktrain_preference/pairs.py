@@ -114,10 +114,11 @@ def pair_sample(prompt: list[int], with_chosen: list[int], with_rejected: list[i
     return {"input_ids": chosen + rejected, "labels": labels}
 
 
-def split(labels: Sequence[int]) -> int:
+def split(labels: np.ndarray) -> int:
     """Where the rejected sequence starts in a pair's sample: the first -100 after the first labelled token."""
-    at = next(i for i, label in enumerate(labels) if label != IGNORE)
-    return next(i for i in range(at, len(labels)) if labels[i] == IGNORE)
+    ignored = labels == IGNORE
+    at = int(np.argmax(~ignored))
+    return at + int(np.argmax(ignored[at:]))
 
 
 def sample_key(ids: Sequence[int], labels: Sequence[int]) -> bytes:
