@@ -7,6 +7,7 @@ model's shape.
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import math
@@ -156,6 +157,20 @@ def test_bench_refuses_bad_lengths(
     code = main(["bench", str(config), "--steps", "1", *args])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err, err[-2000:]
+
+
+def test_bench_reports_the_hosts_collections_and_hands_back_what_the_first_step_froze(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """In this process: each timed side's garbage-collector passes are printed, and the objects the first step
+    set aside from the collector (``ktrain.run.host_gc``) are the collector's again once the steps are timed."""
+    model_dir(tmp_path, vocab_size=100)
+    config = write_config(tmp_path, datasets=[], sequence_len=32)
+    code = main(["bench", str(config), "--steps", "2", "--warmup", "1", "--peer", "hf"])
+    out = capsys.readouterr().out
+    assert code == 0 and gc.get_freeze_count() == 0, out[-2000:]
+    for side in ("ktrain", "peer hf"):
+        assert f"host while timed, {side}: " in out and " garbage collector passes (" in out, out[-2000:]
 
 
 def test_bench_peer_with_bf16_weights(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from ktrain.bench.rows import LENGTH_SIGMA, Lengths, Pairs, padding
 from ktrain.bench.timing import Timed, reset_memory, run_steps
 from ktrain.bench.trainer import BenchTrainer
 from ktrain.data.pipeline import TrainData
-from ktrain.run import distributed
+from ktrain.run import distributed, host_gc
 from ktrain.run.context import Run
 from ktrain.run.metrics import flops_per_token, non_embedding_params, peak_flops
 
@@ -122,6 +122,7 @@ def _time_ktrain(
     timed = run_steps(lambda i: trainer.bench_step(i, data), warmup, steps, trainer.timeline)
     if profile_to is not None:
         _profile(trainer, data, warmup + steps, profile_to)
+    host_gc.release()  # what the first step froze (``Trainer._train_step``), back to the collector
     model = trainer.engine.model
     model_config = getattr(model, "config", None)
     terms = {
