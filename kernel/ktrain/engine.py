@@ -39,6 +39,7 @@ class Engine:
     """Set by the kernel, never by a plugin: right after ``ktrain_shard`` returns, a ``GradScaler`` when the run
     computes in fp16 and the engine does not own backward; None otherwise. ``backward`` scales with it, ``step``
     unscales before clipping and steps through it; its state is saved in each rank's checkpoint file."""
+    _listed: list[torch.Tensor] | None = None
 
     def __init__(self, module: Any, model: Any, optimizer: Any, lr_scheduler: Any, max_grad_norm: float | None):
         self.module = module
@@ -64,7 +65,7 @@ class Engine:
         tensor-parallel and data-sharded parameters live on different meshes. An optimizer with a
         ``scale_gradients(scale)`` method takes the clipping coefficient instead, to apply in its update.
         """
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = [p for p in self._parameters() if p.grad is not None]
         groups: dict[Any, list[torch.Tensor]] = {}
         for p in params:
             layout = (id(p.grad.device_mesh), p.grad.placements) if hasattr(p.grad, "device_mesh") else None
@@ -83,6 +84,13 @@ class Engine:
             else:  # the optimizer scales each gradient as it reads it (adamw_fp32_master): no pass of its own
                 scale_gradients(torch.clamp(self.max_grad_norm / (total + 1e-6), max=1.0))
         return total
+
+    def _parameters(self) -> list[torch.Tensor]:
+        """The model's parameters, listed at the first step, not walked from the module tree at every step (over
+        a thousand modules with LoRA adapters on every linear layer: host time while the device waits)."""
+        if self._listed is None:
+            self._listed = list(self.model.parameters())
+        return self._listed
 
     def step(self) -> torch.Tensor | float:
         """Finish the optimizer step: clip, update, advance the schedule, zero the gradients.
