@@ -1,12 +1,12 @@
 """Python's cycle collector during training: what is alive after the first step is left out of later collections.
 
-Once a step has run, the process holds millions of long-lived objects (the modules, the compiled graphs and their
-guards, the tokenizer, the dataset's rows). The collector's passes over its oldest generation walk all of them,
-each pass a pause of the host of a fraction of a second, at moments nothing chooses: on a GPU the device idles
-while the host is paused. ``settle`` collects once and moves everything alive then into the permanent generation
-(``gc.freeze``), so later passes walk only what was made since; ``release`` hands it back to the collector at the
-end of the run. Reference counting frees objects as before; only cycles among the settled objects wait for
-``release``. ``ktrain bench`` reports the collections and their time while timed (``Collections``).
+Once a step has run, the process holds hundreds of thousands of long-lived objects (the modules, the compiled graphs
+and their guards, the tokenizer, the dataset's rows). The collector's passes over its oldest generation walk all of
+them, each pass a pause of the host that grows with their number, at moments nothing chooses: on a GPU the device
+idles once it has run what the host had queued. ``settle`` collects once and moves everything alive then into the
+permanent generation (``gc.freeze``), so later passes walk only what was made since; ``release`` hands it back to
+the collector at the end of the run. Reference counting frees objects as before; only cycles among the settled
+objects wait for ``release``. ``ktrain bench`` reports the collections and their time while timed (``Collections``).
 """
 
 from __future__ import annotations
