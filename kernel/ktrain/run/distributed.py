@@ -108,5 +108,7 @@ def gather_lists(items: list[str]) -> list[str]:
 
 
 def shutdown() -> None:
+    global _host_group
     if dist.is_initialized():
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # every group, the gloo one beside NCCL too
+    _host_group = None
