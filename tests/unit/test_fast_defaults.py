@@ -90,14 +90,20 @@ def test_a_default_that_does_not_fit_the_config_is_not_taken(write, overrides: l
     assert {c.key for c in fast_defaults.pending(config, (9, 0))} == taken
 
 
-def test_an_adapter_run_gets_a_bf16_base_and_keeps_its_optimizer(write) -> None:
-    """With an adapter only the frozen base turns bf16: the optimizer of the adapter's fp32 weights is as written;
-    micro-batches may accumulate (the adapter's gradients are fp32); a quantized base or FSDP keeps its dtypes."""
+def test_an_adapter_run_gets_a_bf16_base_and_bf16_adapter_weights_with_fp32_masters(write) -> None:
+    """With an adapter the frozen base turns bf16, and under AdamW in one micro-batch a step the adapter's weights
+    too, their fp32 masters in ``adamw_fp32_master``; micro-batches that accumulate, or another optimizer, keep the
+    adapter's weights fp32 and the optimizer as written; a quantized base or FSDP keeps its dtypes."""
     lora = "adapter: lora\nlora_target_linear: true\n"
-    config = prepare(write(lora + "gradient_accumulation_steps: 2\n"), device="cuda", capability=(9, 0)).config
-    assert (config.bfloat16, config.optimizer) == (True, "adamw_torch_fused")
+    config = prepare(write(lora), device="cuda", capability=(9, 0)).config
+    assert (config.bfloat16, config.optimizer) == (True, "adamw_fp32_master")
     lines = [c.line() for c in fast_defaults.applied(config)]
-    assert "bfloat16: on (fast default on CUDA; set bfloat16: false to switch off)" in lines
+    assert LINES[2] in lines
+    for override, optimizer in (("gradient_accumulation_steps=2", "adamw_torch_fused"), ("optimizer=sgd", "sgd")):
+        config = prepare(write(lora), [override], device="cuda", capability=(9, 0)).config
+        assert (config.bfloat16, config.optimizer) == (True, optimizer), override
+        lines = [c.line() for c in fast_defaults.applied(config)]
+        assert "bfloat16: on (fast default on CUDA; set bfloat16: false to switch off)" in lines
     for overrides in (["fsdp_version=2", "fsdp_config={reshard_after_forward: true}"], ["load_in_8bit=true"]):
         _, config = load_plugins_and_config(write(lora), overrides)
         assert "bfloat16" not in {c.key for c in fast_defaults.pending(config, (9, 0))}, overrides

@@ -38,11 +38,13 @@ class MasterWeightAdamW(torch.optim.Optimizer):
     autocast casts. This optimizer keeps, for each weight, an fp32 master copy and fp32 first and
     second moments: with the bf16 weight and gradient, 16 bytes a parameter, what fp32 weights with
     autocast also take, so updates smaller than a bf16 weight's rounding step add up in the master
-    instead of being lost. On a GPU one Triton kernel a weight reads its bf16 gradient and writes its
-    master, moments and bf16 weight (``master_weights_triton``). Elsewhere (and for non-contiguous
-    tensors, or without Triton) a step walks the weights in chunks of ``CHUNK`` elements: the chunk's
-    gradients are cast to fp32, ``torch._fused_adamw_`` updates its masters and moments (the kernel of
-    ``torch.optim.AdamW(fused=True)``), and the masters are rounded into the bf16 weights. The
+    instead of being lost. On a GPU one Triton kernel a weight of ``SMALL`` elements or more reads its
+    bf16 gradient and writes its master, moments and bf16 weight (``master_weights_triton``). The smaller
+    weights (an adapter's matrices, norms), and every weight elsewhere (or non-contiguous tensors, or
+    without Triton), are updated in chunks of ``CHUNK`` elements with a few launches a chunk, whatever the
+    number of weights in it: the chunk's gradients are cast to fp32, ``torch._fused_adamw_`` updates its
+    masters and moments (the kernel of ``torch.optim.AdamW(fused=True)``), and the masters are rounded into
+    the bf16 weights. The
     masters are optimizer state, so checkpoints hold them and a resume is exact. Sharded weights
     (FSDP2's DTensors) get sharded masters and moments; the update runs on the local shards. Gradient
     clipping hands its coefficient to ``scale_gradients`` and the update applies it as it reads each
@@ -50,6 +52,7 @@ class MasterWeightAdamW(torch.optim.Optimizer):
     """
 
     CHUNK = 1 << 26  # fp32 gradient elements made at a time (256 MiB)
+    SMALL = 1 << 20  # on a GPU, weights below this many elements are updated together, not a launch each
 
     def __init__(self, params: Any, lr: float, betas: tuple[float, float], eps: float, weight_decay: float = 0.0):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
@@ -100,14 +103,21 @@ class MasterWeightAdamW(torch.optim.Optimizer):
                 ]
                 for p, s in zip(params, states, strict=True)
             ]
-            if params[0].device.type == "cuda" and TRITON and all(t.is_contiguous() for row in rows for t in row):
+            alone: list[list[torch.Tensor]] = []
+            together = rows
+            if params[0].device.type == "cuda" and TRITON:
+                together = []
+                for row in rows:
+                    fits = row[0].numel() >= self.SMALL and all(t.is_contiguous() for t in row)
+                    (alone if fits else together).append(row)
+            if alone:
                 from ktrain.builtin import master_weights_triton
 
                 # largest first: while the device works through them, the host gets ahead with the small ones
-                for row in sorted(rows, key=lambda row: -row[0].numel()):
+                for row in sorted(alone, key=lambda row: -row[0].numel()):
                     master_weights_triton.update(*row, scale, group)
-            else:
-                self._fused_update(group, rows, scale)
+            if together:
+                self._fused_update(group, together, scale)
 
     def _fused_update(self, group: dict, rows: list[list[torch.Tensor]], scale: torch.Tensor | None) -> None:
         """``torch._fused_adamw_`` on the masters, ``CHUNK`` elements of fp32 gradients at a time."""
@@ -116,7 +126,8 @@ class MasterWeightAdamW(torch.optim.Optimizer):
             weights, masters, grads, exp_avgs, exp_avg_sqs, steps = (
                 list(column) for column in zip(*chunk, strict=True)
             )
-            grads = [g.float() for g in grads]
+            given, grads = grads, [torch.empty_like(m) for m in masters]
+            torch._foreach_copy_(grads, given)  # one launch casts them all
             if scale is not None:
                 torch._foreach_mul_(grads, scale)
             torch._fused_adamw_(

@@ -201,14 +201,24 @@ def _masters_unless(config: Any, capability: tuple[int, int] | None) -> str | No
     return next((why for found, why in reasons if found), None)
 
 
+def _masters_also(config: Any) -> dict[str, Any]:
+    """The optimizer ``bfloat16``'s default sets: ``adamw_fp32_master``, except where an adapter trains with an
+    optimizer that is not AdamW, or over several micro-batches (its bf16 gradients would be summed in bf16): there
+    the adapter trains in fp32 with the optimizer as written."""
+    fp32_adapter = _adapter(config) and (config.optimizer not in ADAMW or config.gradient_accumulation_steps > 1)
+    return {} if fp32_adapter else {"optimizer": "adamw_fp32_master"}
+
+
 FP32_MASTERS = GpuDefault(
     True,
     "bf16 weights, gradients and activations (the residual stream too) instead of fp32 weights under bf16 "
     "autocast; the optimizer keeps fp32 master weights and fp32 AdamW states, so no update is lost to bf16 "
-    "rounding; checkpoints and the exported model hold bf16 weights. With an adapter, only the frozen base "
-    "is bf16 (the values bf16 autocast gives its matrix multiplies), and the adapter's weights, gradients "
-    "and optimizer states stay fp32, with the optimizer as written",
-    also=lambda config: {} if _adapter(config) else {"optimizer": "adamw_fp32_master"},
+    "rounding; checkpoints and the exported model hold bf16 weights. With an adapter the frozen base is bf16 "
+    "(the values bf16 autocast gives its matrix multiplies), and so are the adapter's weights and gradients, "
+    "with fp32 masters and AdamW states in the optimizer (the values autocast computes with, no casts of them "
+    "in the forward and backward; the exported adapter holds bf16 weights); where the adapter's optimizer is "
+    "not AdamW or micro-batches accumulate, its weights stay fp32 with the optimizer as written",
+    also=_masters_also,
     unless=_masters_unless,
 )
 """The kernel's GPU default of ``bfloat16``: bf16 weights with fp32 masters in the optimizer; with an adapter,

@@ -1,8 +1,8 @@
 """The peft adapter: its ``LoraConfig`` from the keys, attaching it to the base, and saving it.
 
 The base is frozen in whatever dtype it was loaded in (4-bit or 8-bit weights stay quantized); the
-adapter's own weights, and modules trained in full (``lora_modules_to_save``), are fp32 master weights
-like every trained parameter in ktrain.
+adapter's own weights, and modules trained in full (``lora_modules_to_save``), train in fp32, or in the
+base's bf16 where ``adamw_fp32_master`` keeps their fp32 masters in the optimizer (``trained_dtype``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from ktrain.config.report import ConfigError
 from ktrain_lora.fused_forward import install
-from ktrain_lora.keys import quantization_bits
+from ktrain_lora.keys import bf16_masters, quantization_bits
 from ktrain_lora.quantization import keep_training_layout
 
 
@@ -88,8 +88,15 @@ def _target_key(config: Any) -> str:
     return "lora_target_linear" if config.lora_target_linear else "adapter"
 
 
-def attach(model: torch.nn.Module, config: Any) -> peft.PeftModel:
-    """Freeze ``model`` and wrap it in the adapter; a wrong module name is a ``ConfigError`` naming its key."""
+def trained_dtype(config: Any) -> torch.dtype:
+    """The dtype the adapter's weights train in: bf16 with fp32 masters in the optimizer (``bf16_masters``), so
+    the forward and backward cast none of them; fp32 otherwise."""
+    return torch.bfloat16 if bf16_masters(config) else torch.float32
+
+
+def attach(model: torch.nn.Module, config: Any, dtype: torch.dtype = torch.float32) -> peft.PeftModel:
+    """Freeze ``model`` and wrap it in the adapter, its weights in ``dtype``; a wrong module name is a
+    ``ConfigError`` naming its key."""
     if quantization_bits(config) == 4:
         keep_training_layout(model)
     if config.lora_model_dir:
@@ -105,8 +112,8 @@ def attach(model: torch.nn.Module, config: Any) -> peft.PeftModel:
                 "(or set lora_target_linear: true)",
             ) from None
     for param in wrapped.parameters():
-        if param.requires_grad and param.dtype != torch.float32:
-            param.data = param.data.float()
+        if param.requires_grad and param.dtype != dtype:
+            param.data = param.data.to(dtype)
     if config.lora_fused_forward:
         install(wrapped)
     return wrapped

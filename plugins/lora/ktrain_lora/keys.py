@@ -88,3 +88,9 @@ def quantization_bits(config: Any) -> int | None:
     if adapter_kind(config) == "qlora" or config.load_in_4bit:
         return 4
     return 8 if config.load_in_8bit else None
+
+
+def bf16_masters(config: Any) -> bool:
+    """Whether the adapter's weights train in bf16, the base's dtype (``bfloat16: true``), with their fp32 masters
+    and moments in the optimizer (``adamw_fp32_master``); otherwise they train in fp32."""
+    return bool(config.bfloat16) and config.optimizer == "adamw_fp32_master"

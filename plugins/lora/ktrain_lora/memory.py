@@ -1,7 +1,8 @@
 """The weights of a LoRA or QLoRA run: the plugin's answer to ``ktrain_collect_memory``. No torch here.
 
 The base is frozen: no gradient, no optimizer state. Each adapted linear layer of ``out`` x ``in``
-gains two trained fp32 matrices, A (r x in) and B (out x r), and DoRA a magnitude of ``out``. The
+gains two trained matrices, A (r x in) and B (out x r), and DoRA a magnitude of ``out``: fp32, or bf16 with
+fp32 masters in the optimizer (``bf16_masters``). The
 layers adapted are those ``lora_target_linear`` and ``lora_target_modules`` name, or peft's default
 for Llama-family models (q_proj and v_proj). ``lora_modules_to_save`` trains a copy of each named
 module beside its frozen original. Under 4-bit quantization every linear layer of the blocks is
@@ -21,7 +22,7 @@ from typing import Any
 import attrs
 
 from ktrain.memory.parts import Weight
-from ktrain_lora.keys import adapter_kind, quantization_bits
+from ktrain_lora.keys import adapter_kind, bf16_masters, quantization_bits
 
 PEFT_DEFAULT_TARGETS = ("q_proj", "v_proj")
 BLOCK = 64
@@ -80,6 +81,7 @@ class AdapterWeights:
         keep = set(c.lora_modules_to_save or ())
         double = c.bnb_config_kwargs.bnb_4bit_use_double_quant if c.bnb_config_kwargs else True
         storage = c.bnb_config_kwargs.bnb_4bit_quant_storage if c.bnb_config_kwargs else None
+        trained = 2 if bf16_masters(c) else 4
         out: list[Weight] = []
         adapters: list[Weight] = []
         for w in weights:
@@ -91,12 +93,14 @@ class AdapterWeights:
             module = _module(w.name)
             if w.kind == "linear" and targeted(c, module):
                 rows, cols = w.shape
-                adapters.append(Weight(f"{module}.lora_A.weight", (c.lora_r, cols), "adapter", w.block, 4))
-                adapters.append(Weight(f"{module}.lora_B.weight", (rows, c.lora_r), "adapter", w.block, 4))
+                adapters.append(Weight(f"{module}.lora_A.weight", (c.lora_r, cols), "adapter", w.block, trained))
+                adapters.append(Weight(f"{module}.lora_B.weight", (rows, c.lora_r), "adapter", w.block, trained))
                 if c.peft_use_dora:
-                    adapters.append(Weight(f"{module}.lora_magnitude_vector", (rows,), "adapter", w.block, 4))
+                    adapters.append(Weight(f"{module}.lora_magnitude_vector", (rows,), "adapter", w.block, trained))
             if module.rsplit(".", 1)[-1] in keep:
-                adapters.append(attrs.evolve(w, name=f"{module}.modules_to_save.weight", trainable=True))
+                adapters.append(
+                    attrs.evolve(w, name=f"{module}.modules_to_save.weight", element_bytes=trained, trainable=True)
+                )
         return out + adapters
 
 

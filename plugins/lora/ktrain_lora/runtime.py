@@ -40,9 +40,9 @@ class Lora:
     def ktrain_wrap_model(self, model: Any, run: Any) -> Any:
         """Freeze the base and attach the adapter (new, or continued from ``lora_model_dir``)."""
         with hidden_bitsandbytes(self.plain):
-            from ktrain_lora.adapter import attach
+            from ktrain_lora.adapter import attach, trained_dtype
 
-            wrapped = attach(model, self.config)
+            wrapped = attach(model, self.config, trained_dtype(self.config))
         if run.is_main:
             trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
             total = sum(_weights(p) for p in wrapped.parameters())

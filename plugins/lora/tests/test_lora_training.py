@@ -197,6 +197,50 @@ def test_lora_on_a_bf16_base_trains_fp32_adapter_weights(tmp_path: Path) -> None
     assert adapter and {t.dtype for t in adapter.values()} == {torch.float32}
 
 
+def test_lora_with_fp32_masters_trains_bf16_adapter_weights_resumes_exactly_and_follows_fp32_adapters(
+    tmp_path: Path,
+) -> None:
+    """``bfloat16: true`` with ``adamw_fp32_master``, as a GPU run takes them by default: the adapter's weights and
+    gradients are bf16 (no casts of them under autocast), their fp32 masters and moments in the optimizer. The
+    losses follow those of fp32 adapter weights (the masters start from the bf16 rounding of the adapter's
+    initial weights); the exported adapter holds bf16 weights; a resume from step 2 repeats the run to the bit
+    (the masters are in the checkpoint)."""
+    model_dir(tmp_path)
+    dataset(tmp_path, 200)
+    lora = {"adapter": "lora", "lora_target_linear": True, "bf16": True, "bfloat16": True, "max_steps": 4}
+    runs = {}
+    for name, optimizer in (("fp32", "adamw_torch"), ("masters", "adamw_fp32_master")):
+        config = write_config(
+            tmp_path, f"{name}.yaml", **lora, optimizer=optimizer, save_steps=2, output_dir=str(tmp_path / name)
+        )
+        done = ktrain("run", str(config))
+        assert done.returncode == 0, done.stderr
+        runs[name] = records(tmp_path / name)
+    assert runs["masters"].keys() == runs["fp32"].keys() == set(range(1, 5))
+    assert runs["masters"][1] == runs["fp32"][1]  # the same forward: the bf16 values autocast computes with
+    for step in (2, 3, 4):  # updates of the same fp32 arithmetic from a start rounded to bf16
+        assert runs["masters"][step] == pytest.approx(runs["fp32"][step], rel=1e-3), step
+    assert runs["masters"][4] < runs["masters"][1]
+    out = tmp_path / "masters"
+    adapter = load_file(out / "final" / "adapter_model.safetensors")
+    assert adapter and {t.dtype for t in adapter.values()} == {torch.bfloat16}
+
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    shutil.rmtree(again / "checkpoints" / "step-00000004", ignore_errors=True)
+    shutil.rmtree(again / "final")
+    lines = (again / "metrics.jsonl").read_text().splitlines()
+    (again / "metrics.jsonl").write_text("\n".join(line for line in lines if json.loads(line)["step"] <= 2) + "\n")
+    config = write_config(tmp_path, "again.yaml", **lora, optimizer="adamw_fp32_master", output_dir=str(again))
+    resumed = ktrain("run", str(config), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout
+    assert records(again) == runs["masters"]
+    assert (again / "final" / "adapter_model.safetensors").read_bytes() == (
+        out / "final" / "adapter_model.safetensors"
+    ).read_bytes()
+
+
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
