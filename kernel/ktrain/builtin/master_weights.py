@@ -44,11 +44,10 @@ class MasterWeightAdamW(torch.optim.Optimizer):
     without Triton), are updated in chunks of ``CHUNK`` elements with a few launches a chunk, whatever the
     number of weights in it: the chunk's gradients are cast to fp32, ``torch._fused_adamw_`` updates its
     masters and moments (the kernel of ``torch.optim.AdamW(fused=True)``), and the masters are rounded into
-    the bf16 weights. The
-    masters are optimizer state, so checkpoints hold them and a resume is exact. Sharded weights
-    (FSDP2's DTensors) get sharded masters and moments; the update runs on the local shards. Gradient
-    clipping hands its coefficient to ``scale_gradients`` and the update applies it as it reads each
-    gradient, which saves the clipping's own pass over the gradients.
+    the bf16 weights. The masters are optimizer state, so checkpoints hold them and a resume is exact.
+    Sharded weights (FSDP2's DTensors) get sharded masters and moments; the update runs on the local shards.
+    Gradient clipping hands its coefficient to ``scale_gradients`` and the update applies it as it reads
+    each gradient, which saves the clipping's own pass over the gradients.
     """
 
     CHUNK = 1 << 26  # fp32 gradient elements made at a time (256 MiB)
