@@ -21,7 +21,7 @@ import peft
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ktrain_lora.fused_forward import fused_forward
+from ktrain_lora.fused_forward import fused_forward_4bit
 
 OPERATORS = ("aten::mul", "aten::add", "aten::add_", "aten::clone", "aten::copy_", "aten::addmm", "aten::mm")
 """The operators counted: element-wise passes and the matrix multiplies (the base's and the adapter's)."""
@@ -79,7 +79,7 @@ def main() -> None:
     args = parser.parse_args()
     layer, x = _layer(args.tokens)
     peft_calls, peft_s = _measure(layer, x, args.repeats)
-    layer.forward = types.MethodType(fused_forward, layer)
+    layer.forward = types.MethodType(fused_forward_4bit, layer)
     fused_calls, fused_s = _measure(layer, x, args.repeats)
     print(f"one 4096 -> 14336 QLoRA layer, {args.tokens} tokens, bf16 autocast, forward + backward on the CPU")
     for name, calls, seconds in (("peft", peft_calls, peft_s), ("fused", fused_calls, fused_s)):

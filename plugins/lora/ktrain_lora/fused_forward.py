@@ -1,12 +1,21 @@
-"""LoRA's update fused into one matrix multiply: ``base(x) + scaling * lora_B(lora_A(x))`` as ``torch.addmm``.
+"""LoRA's update computed without passes of its own over the layer's output.
 
 peft's forward of a LoRA ``Linear`` (and of a bitsandbytes ``Linear4bit``) computes the update
 ``lora_B(lora_A(x)) * scaling`` as a tensor of the layer's whole output, multiplies it by the scale and
 adds it to the base's output: two passes over a ``[tokens, out_features]`` tensor, twice more in the
 backward, after an input cast to the adapter's fp32 dtype (undone by autocast) and, for 4-bit layers, a
-copy of the base's output. Here the scale and the sum go into the epilogue of the second matrix multiply
-(``addmm(base, lora_A(x), B^T, alpha=scaling)``), which rounds once instead of three times; its backward
-multiplies by the scale only the ``[tokens, r]`` and ``[r, out_features]`` gradients.
+copy of the base's output. Here the scale never meets a tensor of the output's size:
+
+- a ``Linear`` layer puts the scale and the sum into the epilogue of the second matrix multiply
+  (``addmm(base(x), lora_A(x), B^T, alpha=scaling)``), which rounds once instead of three times; its
+  backward multiplies by the scale only the ``[tokens, r]`` and ``[r, out_features]`` gradients;
+- a 4-bit ``Linear4bit`` layer computes the update first, scaled on its ``[tokens, r]`` side, and the
+  base's product last: ``lora_B(lora_A(x) * scaling) + base(x)``. The same passes (the sum reads the two
+  products where ``addmm`` copied the base's output and read it again), and an order that matters under
+  activation checkpointing: bitsandbytes' 4-bit product keeps no tensor for its backward (only the packed
+  weight, outside autograd's saved tensors), so when the last layer of a recomputed block is 4-bit (a
+  Llama's ``down_proj``), PyTorch's recompute stops once the adapter's tensors are back and never runs that
+  layer's dequantization and product again.
 
 The layer takes this path when one active adapter is in it, without dropout, DoRA or a bias on ``lora_B``,
 adapters enabled and not merged, called with no other argument, and weights that are plain tensors
@@ -42,37 +51,56 @@ def _adapter(layer: Any, args: tuple, kwargs: dict) -> str | None:
     return name
 
 
-def fused_forward(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """The forward of a peft LoRA ``Linear`` or ``Linear4bit`` layer with its update fused into ``addmm``."""
+def _fused_adapter(layer: Any, x: torch.Tensor, args: tuple, kwargs: dict) -> str | None:
+    """``_adapter``, and None also where ``x`` would be cast: then peft's forward must run."""
     name = _adapter(layer, args, kwargs)
-    lora_a, lora_b = (layer.lora_A[name], layer.lora_B[name]) if name is not None else (None, None)
+    if name is None:
+        return None
     # Under autocast lora_A casts x to the compute dtype itself (peft's cast to fp32 and back is exact);
     # without it, peft would cast x to the adapter's dtype and the result back: left to peft's forward.
-    if name is None or not (
-        torch.is_autocast_enabled(x.device.type) or x.dtype == lora_a.weight.dtype == lora_b.weight.dtype
-    ):
+    lora_a, lora_b = layer.lora_A[name], layer.lora_B[name]
+    if torch.is_autocast_enabled(x.device.type) or x.dtype == lora_a.weight.dtype == lora_b.weight.dtype:
+        return name
+    return None
+
+
+def fused_forward(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The forward of a peft LoRA ``Linear`` layer with its update fused into ``addmm``."""
+    name = _fused_adapter(layer, x, args, kwargs)
+    if name is None:
         return type(layer).forward(layer, x, *args, **kwargs)
     result = layer.base_layer(x)
-    low = lora_a(x)
+    low = layer.lora_A[name](x)
     fused = torch.addmm(
         result.reshape(-1, result.shape[-1]),
         low.reshape(-1, low.shape[-1]),
-        lora_b.weight.t(),
+        layer.lora_B[name].weight.t(),
         alpha=layer.scaling[name],
     )
     return fused.view(result.shape).to(result.dtype)
 
 
+def fused_forward_4bit(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The forward of a peft LoRA ``Linear4bit`` layer: the update scaled on its low-rank side, the base's
+    4-bit product last."""
+    name = _fused_adapter(layer, x, args, kwargs)
+    if name is None:
+        return type(layer).forward(layer, x, *args, **kwargs)
+    update = layer.lora_B[name](layer.lora_A[name](x) * layer.scaling[name])
+    result = layer.base_layer(x)
+    return (result + update).to(result.dtype)
+
+
 def install(model: torch.nn.Module) -> int:
-    """Give every peft LoRA ``Linear`` and bitsandbytes ``Linear4bit`` layer of ``model`` the fused forward;
+    """Give every peft LoRA ``Linear`` and bitsandbytes ``Linear4bit`` layer of ``model`` its fused forward;
     returns how many layers took it."""
     from peft.tuners.lora.layer import Linear
 
-    kinds = {Linear}
+    forwards = {Linear: fused_forward}
     bnb = sys.modules.get("peft.tuners.lora.bnb")  # imported by peft where a base is quantized
     if bnb is not None and hasattr(bnb, "Linear4bit"):
-        kinds.add(bnb.Linear4bit)
-    layers = [module for module in model.modules() if type(module) in kinds]
+        forwards[bnb.Linear4bit] = fused_forward_4bit
+    layers = [module for module in model.modules() if type(module) in forwards]
     for layer in layers:
-        layer.forward = types.MethodType(fused_forward, layer)
+        layer.forward = types.MethodType(forwards[type(layer)], layer)
     return len(layers)

@@ -3,7 +3,8 @@
 One model of each kind (plain LoRA on an fp32 base, QLoRA on a 4-bit base) is built per module; each test
 computes the loss and the adapter's gradients with peft's forward, installs the fused one on the same
 model, and computes them again. A ``TorchFunctionMode`` counts the ``torch.addmm`` calls, which only the
-fused path makes: the fallbacks must make none.
+fused path of a ``Linear`` makes: the fallbacks must make none. A 4-bit layer's fused path computes its base
+last; under activation checkpointing the recompute then skips the last 4-bit product of each block.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 import torch
 import transformers
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ktrain.testing import model_dir
 from ktrain_lora.adapter import attach
@@ -98,6 +100,18 @@ def _step(model: torch.nn.Module, autocast: bool = False) -> tuple[float, dict[s
     return loss.item(), grads, counter.calls
 
 
+class _Products4bit(TorchDispatchMode):
+    """Counts bitsandbytes' 4-bit products (``gemm_4bit``: the dequantization and the matrix multiply)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.calls += func.overloadpacket is torch.ops.bitsandbytes.gemm_4bit
+        return func(*args, **(kwargs or {}))
+
+
 @contextmanager
 def _peft_forward(model: torch.nn.Module) -> Iterator[None]:
     """peft's forward for the duration (the fused forward is an attribute of each layer)."""
@@ -115,19 +129,47 @@ def test_the_fused_forward_gives_peft_losses_and_gradients(tiny: Path, adapter: 
     assert calls == 0
     assert install(model) == LAYERS
     fused_loss, fused_grads, calls = _step(model)
-    assert calls == LAYERS  # one addmm a layer; its backward is autograd's
+    fused_calls = LAYERS if adapter == "lora" else 0  # one addmm a Linear; its backward is autograd's
+    assert calls == fused_calls
     assert fused_loss == pytest.approx(loss, rel=1e-6)
     assert fused_grads.keys() == grads.keys()
     for name, grad in grads.items():  # fp32: only the rounding of the scale and the sum differ
         torch.testing.assert_close(fused_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
     # Under bf16 autocast the input is not cast to fp32 and back; the fused sum rounds once instead of three times.
     fused_loss, fused_grads, calls = _step(model, autocast=True)
-    assert calls == LAYERS
+    assert calls == fused_calls
     with _peft_forward(model):
         loss, grads, _ = _step(model, autocast=True)
     assert fused_loss == pytest.approx(loss, rel=1e-2)
     for name, grad in grads.items():
         assert torch.nn.functional.cosine_similarity(fused_grads[name].flatten(), grad.flatten(), dim=0) > 0.99, name
+
+
+def test_a_recomputed_block_skips_its_last_4bit_product(tiny: Path) -> None:
+    """Under activation checkpointing each block's forward runs again in the backward, until the tensors it
+    saved are back. The fused 4-bit forward computes its base last, and bitsandbytes' product saves nothing,
+    so the recompute stops before the last layer's (``down_proj``) product: 12 of the 14, peft's 14. The
+    gradients are peft's."""
+    model = _model(tiny, "qlora")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.enable_input_require_grads()
+
+    def products() -> tuple[int, int, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        with _Products4bit() as forward:
+            loss = model(input_ids=IDS, labels=IDS).loss
+        with _Products4bit() as backward:
+            loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        return forward.calls, backward.calls, grads
+
+    peft_forward, peft_backward, peft_grads = products()
+    install(model)
+    forward, backward, grads = products()
+    assert (peft_forward, peft_backward) == (LAYERS, LAYERS)
+    assert (forward, backward) == (LAYERS, LAYERS - 2)
+    for name, grad in peft_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
 def test_peft_forward_runs_where_the_fused_one_cannot(tiny: Path) -> None:
