@@ -23,7 +23,16 @@ from torch.profiler import ProfilerActivity, profile
 
 from ktrain_lora.fused_forward import fused_forward_4bit
 
-OPERATORS = ("aten::mul", "aten::add", "aten::add_", "aten::clone", "aten::copy_", "aten::addmm", "aten::mm")
+OPERATORS = (
+    "aten::mul",
+    "aten::add",
+    "aten::add_",
+    "aten::clone",
+    "aten::copy_",
+    "aten::addmm",
+    "aten::addmm_",
+    "aten::mm",
+)
 """The operators counted: element-wise passes and the matrix multiplies (the base's and the adapter's)."""
 
 

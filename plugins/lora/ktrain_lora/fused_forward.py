@@ -9,12 +9,12 @@ copy of the base's output. Here the scale never meets a tensor of the output's s
 - a ``Linear`` layer puts the scale and the sum into the epilogue of the second matrix multiply
   (``addmm(base(x), lora_A(x), B^T, alpha=scaling)``), which rounds once instead of three times; its
   backward multiplies by the scale only the ``[tokens, r]`` and ``[r, out_features]`` gradients;
-- a 4-bit ``Linear4bit`` layer computes the update first, scaled on its ``[tokens, r]`` side, and the
-  base's product last: ``lora_B(lora_A(x) * scaling) + base(x)``. The same passes (the sum reads the two
-  products where ``addmm`` copied the base's output and read it again), and an order that matters under
-  activation checkpointing: bitsandbytes' 4-bit product keeps no tensor for its backward (only the packed
-  weight, outside autograd's saved tensors), so when the last layer of a recomputed block is 4-bit (a
-  Llama's ``down_proj``), PyTorch's recompute stops once the adapter's tensors are back and never runs that
+- a 4-bit ``Linear4bit`` layer computes the update first, scaled on its ``[tokens, r]`` side, and then the
+  base's product into it (``ktrain_lora.product_4bit``: the dequantized weight's product added in the
+  matrix multiply's epilogue, so the base's output is never a tensor of its own). The order matters under
+  activation checkpointing: the 4-bit product keeps no tensor for its backward (only the packed weight,
+  outside autograd's saved tensors), so when the last layer of a recomputed block is 4-bit (a Llama's
+  ``down_proj``), PyTorch's recompute stops once the adapter's tensors are back and never runs that
   layer's dequantization and product again.
 
 The layer takes this path when one active adapter is in it, without dropout, DoRA or a bias on ``lora_B``,
@@ -86,7 +86,12 @@ def fused_forward_4bit(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -
     name = _fused_adapter(layer, x, args, kwargs)
     if name is None:
         return type(layer).forward(layer, x, *args, **kwargs)
+    from ktrain_lora.product_4bit import product_4bit  # bitsandbytes, imported where a layer is 4-bit
+
     update = layer.lora_B[name](layer.lora_A[name](x) * layer.scaling[name])
+    summed = product_4bit(layer.base_layer, x, update)
+    if summed is not None:
+        return summed
     result = layer.base_layer(x)
     return (result + update).to(result.dtype)
 
