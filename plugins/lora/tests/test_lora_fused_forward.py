@@ -62,21 +62,25 @@ def _keys(adapter: str, **overrides: object) -> types.SimpleNamespace:
     return types.SimpleNamespace(**{**keys, **overrides})
 
 
-def _model(root: Path, adapter: str, **keys: object) -> peft.PeftModel:
-    """The tiny Llama with an adapter (peft's forward), its ``lora_B`` drawn away from zero as after training."""
+def _model(root: Path, adapter: str, device: str = "cpu", **keys: object) -> peft.PeftModel:
+    """The tiny Llama with an adapter (peft's forward), its ``lora_B`` drawn away from zero as after training;
+    a 4-bit base computes in fp32 on the CPU, in bf16 on a GPU."""
     config = transformers.AutoConfig.from_pretrained(root / "model")
     torch.manual_seed(0)
     base = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if adapter == "qlora":
-        quantization = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32)
+        compute = torch.float32 if device == "cpu" else torch.bfloat16
+        quantization = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=compute)
         base = type(base).from_pretrained(
-            None, config=config, state_dict=base.state_dict(), quantization_config=quantization
+            None, config=config, state_dict=base.state_dict(), quantization_config=quantization, device_map=device
         )
+    else:
+        base = base.to(device)
     model = attach(base, _keys(adapter, **keys)).train()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
-                p.normal_(std=0.02, generator=torch.Generator().manual_seed(len(name)))
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.02)
     return model
 
 
@@ -171,6 +175,35 @@ def test_a_recomputed_block_skips_its_last_4bit_product(tiny: Path) -> None:
     assert (forward, backward) == (LAYERS, 2 * LAYERS - 2)
     for name, grad in peft_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.gpu
+def test_the_fused_4bit_forward_on_a_gpu_gives_peft_losses_and_gradients(tiny: Path) -> None:
+    """bitsandbytes' CUDA kernels, bf16 autocast, activation checkpointing: the fused forward's loss and
+    gradients are peft's (rounded differently: the sum in the product's epilogue), and the recompute
+    dequantizes 12 of the 14 weights."""
+    model = _model(tiny, "qlora", device="cuda")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.enable_input_require_grads()
+    ids = IDS.cuda()
+
+    def step() -> tuple[float, dict[str, torch.Tensor], int, int]:
+        model.zero_grad(set_to_none=True)
+        with _Dequantized() as forward, torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        with _Dequantized() as backward:
+            loss.backward()
+        grads = {n: p.grad.float().cpu() for n, p in model.named_parameters() if p.requires_grad}
+        return loss.item(), grads, forward.calls, backward.calls
+
+    loss, grads, forward, backward = step()
+    assert (forward, backward) == (LAYERS, 2 * LAYERS)
+    install(model)
+    fused_loss, fused_grads, forward, backward = step()
+    assert (forward, backward) == (LAYERS, 2 * LAYERS - 2)
+    assert fused_loss == pytest.approx(loss, rel=1e-2)
+    for name, grad in grads.items():
+        assert torch.nn.functional.cosine_similarity(fused_grads[name].flatten(), grad.flatten(), dim=0) > 0.99, name
 
 
 def test_peft_forward_runs_where_the_fused_one_cannot(tiny: Path) -> None:
