@@ -107,3 +107,25 @@ def test_an_adapter_run_gets_a_bf16_base_and_bf16_adapter_weights_with_fp32_mast
     for overrides in (["fsdp_version=2", "fsdp_config={reshard_after_forward: true}"], ["load_in_8bit=true"]):
         _, config = load_plugins_and_config(write(lora), overrides)
         assert "bfloat16" not in {c.key for c in fast_defaults.pending(config, (9, 0))}, overrides
+
+
+def test_a_frozen_output_layer_gets_the_fused_loss_in_chunks(write) -> None:
+    """With an adapter the output layer is frozen: the fused loss's default splits the tokens into chunks of at most
+    2**28 logits (4 x 2,048 tokens x 128,256 logits: 4 chunks), so no gradient of the logits is held until the
+    backward. The whole model trained, an adapter that trains the output layer, or logits that fit one chunk: one."""
+    lora = "adapter: lora\nlora_target_linear: true\nmicro_batch_size: 4\n"
+    config = prepare(write(lora), device="cuda", capability=(9, 0)).config
+    assert (config.fused_linear_cross_entropy, config.fused_linear_cross_entropy_chunks) == (True, 4)
+    assert config.origins["fused_linear_cross_entropy_chunks"] == fast_defaults.ORIGIN
+    assert "fused_linear_cross_entropy: on with fused_linear_cross_entropy_chunks: 4 (fast default on CUDA" in " ".join(
+        c.line() for c in fast_defaults.applied(config)
+    )
+    for extra, overrides in (
+        ("micro_batch_size: 4\n", []),
+        (lora, ["lora_modules_to_save=[lm_head]"]),
+        (lora, ["micro_batch_size=1"]),
+    ):
+        config = prepare(write(extra), overrides, device="cuda", capability=(9, 0)).config
+        assert (config.fused_linear_cross_entropy, config.fused_linear_cross_entropy_chunks) == (True, 1), extra
+    config = prepare(write(lora + "fused_linear_cross_entropy_chunks: 2\n"), device="cuda", capability=(9, 0)).config
+    assert (config.fused_linear_cross_entropy, config.fused_linear_cross_entropy_chunks) == (True, 2)

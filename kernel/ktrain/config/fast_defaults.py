@@ -72,13 +72,13 @@ class Choice:
         )
 
 
-def model_type(config: Any) -> str | None:
-    """The ``model_type`` of the config's model read from its ``config.json`` without loading anything: a local
-    folder, or a hub id already in the Hugging Face cache (None where neither has it): for an ``unless`` that
-    depends on the architecture."""
+def model_config(config: Any) -> dict[str, Any]:
+    """The config's model's ``config.json`` read without loading anything: a local folder, or a hub id already in
+    the Hugging Face cache (empty where neither has it): for an ``unless`` or ``also`` that depends on the
+    architecture or the model's sizes."""
     source = config.base_model_config or config.base_model
     if not source:
-        return None
+        return {}
     path = Path(source) / "config.json"
     if not path.is_file():
         from huggingface_hub import try_to_load_from_cache
@@ -86,9 +86,15 @@ def model_type(config: Any) -> str | None:
         cached = try_to_load_from_cache(source, "config.json", revision=config.revision_of_model)
         path = Path(cached) if isinstance(cached, str) else path
     try:
-        return json.loads(path.read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
+        read = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return read if isinstance(read, dict) else {}
+
+
+def model_type(config: Any) -> str | None:
+    """The ``model_type`` of the config's model (``model_config``), None where it is not known."""
+    return model_config(config).get("model_type")
 
 
 def _yaml(value: Any) -> str:

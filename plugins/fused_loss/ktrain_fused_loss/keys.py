@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from ktrain.config.fast_defaults import GpuDefault, model_type
+from ktrain.config.fast_defaults import ORIGIN, GpuDefault, model_config, model_type
 from ktrain.config.keys import key
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "phi3")
@@ -31,6 +31,42 @@ def _fused_unless(config: Any, capability: tuple[int, int] | None) -> str | None
     return None
 
 
+CHUNK_LOGITS = 1 << 28
+"""The most logits a chunk holds where the fused loss's GPU default splits the tokens (512 MiB in bf16)."""
+
+HEAD_NAMES = ("lm_head", "embed", "wte", "output")
+"""Names by which a config may train the output layer, or the input embeddings it may share."""
+
+
+def _frozen_head(config: Any) -> bool:
+    """Whether the output layer stays frozen: an adapter trains, and no key names the output layer or the
+    embeddings (``lora_modules_to_save``, ``lora_target_modules``, ``unfrozen_parameters``)."""
+    if getattr(config, "adapter", None) is None:
+        return False
+    for name in ("lora_modules_to_save", "lora_target_modules", "unfrozen_parameters"):
+        written = getattr(config, name, None) or []
+        if any(
+            part in str(item) for item in ([written] if isinstance(written, str) else written) for part in HEAD_NAMES
+        ):
+            return False
+    return True
+
+
+def _chunks_also(config: Any) -> dict[str, Any]:
+    """The chunks the fused loss's GPU default takes: with a frozen output layer, as many as keep a chunk's logits
+    within ``CHUNK_LOGITS``. Its gradient then is not held from the forward to the backward, at no cost: there is no
+    weight gradient to add up over the chunks, and the products are the same, in smaller pieces. None written
+    by the config is replaced."""
+    name = "fused_linear_cross_entropy_chunks"
+    if not _frozen_head(config) or (config.is_set(name) and config.origins.get(name) != ORIGIN):
+        return {}
+    vocab = model_config(config).get("vocab_size")
+    if not isinstance(vocab, int):
+        return {}
+    chunks = -(-config.micro_batch_size * config.sequence_len * vocab // CHUNK_LOGITS)
+    return {name: chunks} if chunks > 1 else {}
+
+
 @attrs.define(kw_only=True)
 class FusedLossKeys:
     """The output layer and the cross entropy in one autograd function, with no host synchronization."""
@@ -41,7 +77,10 @@ class FusedLossKeys:
         "bf16 logits in the forward, the logits are never upcast, and no step waits for the device",
         gpu_default=GpuDefault(
             True,
-            "the same loss and gradient; the logits are not held in fp32 for the loss, so it is rounded differently",
+            "the same loss and gradient; the logits are not held in fp32 for the loss, so it is rounded differently; "
+            "with a frozen output layer (an adapter) the tokens in chunks of at most 2**28 logits, the products of "
+            "the backward run in the forward and no gradient of the logits is held until the backward",
+            also=_chunks_also,
             unless=_fused_unless,
         ),
     )

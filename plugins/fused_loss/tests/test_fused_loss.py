@@ -33,12 +33,21 @@ def test_loss_and_gradients_match_pytorch(chunks: int) -> None:
     torch.testing.assert_close(weight.grad, w.grad, rtol=1e-5, atol=1e-7)
 
 
-def test_a_frozen_output_layer_gets_no_gradient() -> None:
-    hidden = torch.randn(8, 4, requires_grad=True)
+def test_a_frozen_output_layer_gets_no_gradient_and_chunks_give_the_same_hidden_gradient() -> None:
+    """A frozen output layer (an adapter's run): in one chunk or several, the same loss and hidden states'
+    gradient, and none for the weight."""
+    torch.manual_seed(0)
     weight = torch.randn(10, 4)
-    for chunks in (1, 2):
-        linear_cross_entropy(hidden, weight, torch.arange(8), torch.tensor(8.0), chunks).backward()
+    results = []
+    for chunks in (1, 2, 3):
+        hidden = torch.randn(8, 4, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        loss = linear_cross_entropy(hidden, weight, torch.arange(8), torch.tensor(8.0), chunks)
+        loss.backward()
         assert weight.grad is None and hidden.grad is not None
+        results.append((loss.detach(), hidden.grad))
+    for loss, grad in results[1:]:
+        torch.testing.assert_close(loss, results[0][0], rtol=1e-6, atol=0)
+        torch.testing.assert_close(grad, results[0][1], rtol=1e-6, atol=1e-8)
 
 
 @pytest.fixture
