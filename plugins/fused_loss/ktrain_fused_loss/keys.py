@@ -45,9 +45,8 @@ def _frozen_head(config: Any) -> bool:
         return False
     for name in ("lora_modules_to_save", "lora_target_modules", "unfrozen_parameters"):
         written = getattr(config, name, None) or []
-        if any(
-            part in str(item) for item in ([written] if isinstance(written, str) else written) for part in HEAD_NAMES
-        ):
+        items = [written] if isinstance(written, str) else written
+        if any(part in str(item) for item in items for part in HEAD_NAMES):
             return False
     return True
 

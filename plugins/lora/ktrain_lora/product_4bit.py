@@ -3,8 +3,8 @@
 bitsandbytes' ``Linear4bit`` dequantizes its weight and multiplies, writing the base's output; peft (or
 ``fused_forward_4bit``'s plain order) then adds the adapter's update in a pass of its own over
 ``[tokens, out_features]``: the base's output written, read again with the update, and the sum written.
-``product_4bit(x, update, weight, state)`` dequantizes the weight as bitsandbytes does and multiplies into
-the update in place (``addmm_``): the GEMM reads the update once and writes the sum, and the base's
+``product_4bit(base, x, update)`` dequantizes the weight as bitsandbytes does and multiplies into the
+update in place (``addmm_``): the GEMM reads the update once and writes the sum, and the base's
 output is never a tensor of its own. Like bitsandbytes' product it keeps no tensor for the backward (the
 packed weight stays an attribute of the autograd context), so a block's recompute under activation
 checkpointing still stops before it when it is the block's last. The backward dequantizes again and
