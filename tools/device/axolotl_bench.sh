@@ -13,6 +13,8 @@
 #   Axolotl's callbacks, unused without wandb_project) and Pillow (Axolotl's config imports PIL.Image.Resampling for its
 #   image settings) are replaced by stand-ins where missing: their wheels (llvmlite alone 60 MB) do not fit in
 #   what a device call carries.)
+# The wheels go to /tmp/site_axolotl, apart from the /tmp/site of the other device scripts: on a machine still warm
+# from this script, Axolotl's trl 1.9.0 would otherwise stand before the trl another script installs.
 # WHEELS, CONFIGS ("NAME:WEIGHTS[:KEY=VALUE]" items: beside Axolotl; blank: no Axolotl run, and ktrain's wheels
 # alone will do), ALONE (items of ktrain alone, after them),
 # PROFILE (one item: 3 steps of ktrain's side profiled, to $OUT/b/profile_NAME.txt), BENCH_ARGS, BENCH_TIMEOUT
@@ -26,7 +28,7 @@ for w in "$W"/*.whl; do  # a wheel of ALWAYS, or one whose distribution the devi
   if [[ " $(echo $ALWAYS) " == *" $name "* ]] || ! python3 -m pip show -q "$name" > /dev/null 2>&1; then echo "$w"; fi
 done > /tmp/wheels.txt
 echo "installing: $(xargs -n1 basename < /tmp/wheels.txt | cut -d- -f1 | tr '\n' ' ')"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $(cat /tmp/wheels.txt) 2>&1 | tail -3
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_axolotl $(cat /tmp/wheels.txt) 2>&1 | tail -3
 mkdir -p /tmp/stubs
 python3 -c "import numba" 2>/dev/null || { mkdir -p /tmp/stubs/numba; printf '%s\n' \
   '"""A stand-in for numba: njit returns the function itself (pure Python)."""' \
@@ -44,7 +46,7 @@ python3 -c "import PIL" 2>/dev/null || { mkdir -p /tmp/stubs/PIL; printf '%s\n' 
   'import enum' 'class Resampling(enum.IntEnum):' \
   '    NEAREST = 0' '    LANCZOS = 1' '    BILINEAR = 2' '    BICUBIC = 3' '    BOX = 4' '    HAMMING = 5' \
   > /tmp/stubs/PIL/Image.py; printf '"""A stand-in for Pillow."""\n' > /tmp/stubs/PIL/__init__.py; echo "PIL: stand-in"; }
-export PYTHONPATH=/tmp/site:/tmp/stubs PYTHONUNBUFFERED=1 AXOLOTL_DO_NOT_TRACK=1
+export PYTHONPATH=/tmp/site_axolotl:/tmp/stubs PYTHONUNBUFFERED=1 AXOLOTL_DO_NOT_TRACK=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s " plugins/*/) > /tmp/pip.txt 2>&1 || tail -5 /tmp/pip.txt
 mkdir -p "$OUT/b"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
