@@ -46,7 +46,10 @@ def product_4bit(base: Any, x: torch.Tensor, update: torch.Tensor) -> torch.Tens
     """``base(x) + update`` for a bitsandbytes ``Linear4bit`` ``base``, the sum in the product's epilogue, in
     ``x``'s dtype; None where ``base`` is not the plain case this computes (a bias, a weight without its
     quantization state, as FSDP's gathered one, or sharded, or repacked by bitsandbytes for its CPU kernel; no
-    compute dtype yet): then the caller adds the update to ``base(x)``."""
+    compute dtype yet), and without autograd (generation: for a few rows bitsandbytes' own kernels read the
+    packed weight instead of dequantizing it): then the caller adds the update to ``base(x)``."""
+    if not torch.is_grad_enabled():
+        return None
     state = getattr(base.weight, "quant_state", None)
     plain = state is not None and not getattr(state, "packing_format_for_cpu", False)
     if not plain or base.bias is not None or isinstance(base.weight, DTensor) or base.compute_dtype is None:

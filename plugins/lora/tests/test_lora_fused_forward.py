@@ -175,6 +175,12 @@ def test_a_recomputed_block_skips_its_last_4bit_product(tiny: Path) -> None:
     assert (forward, backward) == (LAYERS, 2 * LAYERS - 2)
     for name, grad in peft_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    # Without autograd (generation) bitsandbytes' own product runs: no addmm_ into the update, the same logits.
+    with _Addmm() as counter:
+        logits = model(input_ids=IDS).logits.detach()
+        with torch.no_grad():
+            torch.testing.assert_close(model(input_ids=IDS).logits, logits, rtol=1e-5, atol=1e-6)
+    assert counter.calls == LAYERS
 
 
 @pytest.mark.gpu
