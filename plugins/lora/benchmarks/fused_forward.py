@@ -1,10 +1,11 @@
 """One QLoRA layer of the 8B Llama shape, peft's forward against the fused one: the operators over the layer's
-output that a forward and backward run, and their time, on this machine's CPU.
+output and over its input that a forward and backward run, and their time, on this machine's CPU.
 
 The layer is ``gate_proj`` of configs/bench/llama_8b (4096 -> 14336, nf4 with double quantization, bf16
 compute), LoRA r 16, alpha 32, under bf16 autocast as a ktrain step runs it. The operators are counted
-with ``torch.profiler`` (the same aten operators run on a GPU); only those whose output has the layer's
-output size are listed, the passes over ``[tokens, out_features]`` that the fused forward is for.
+with ``torch.profiler`` (the same aten operators run on a GPU); only those with an input of the layer's output
+or input size are listed: the passes over ``[tokens, out_features]`` and ``[tokens, in_features]`` (the sum of
+the input's two gradients) that the fused forward is for.
 
     python plugins/lora/benchmarks/fused_forward.py [--tokens 2048] [--repeats 5]
 """
@@ -62,23 +63,24 @@ def _step(layer: torch.nn.Module, x: torch.Tensor) -> None:
     out.backward(torch.ones_like(out))
 
 
-def _measure(layer: torch.nn.Module, x: torch.Tensor, repeats: int) -> tuple[dict[str, int], float]:
-    """Operators over the output's size (name -> calls) in one forward and backward, and the median seconds."""
+def _measure(layer: torch.nn.Module, x: torch.Tensor, repeats: int) -> tuple[dict[str, int], dict[str, int], float]:
+    """Operators over the output's and over the input's size (name -> calls) in one forward and backward, and
+    the median seconds."""
     _step(layer, x)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         _step(layer, x)
         times.append(time.perf_counter() - start)
-    size = x.shape[0] * 14336
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         _step(layer, x)
-    calls: dict[str, int] = {}
+    calls: tuple[dict[str, int], dict[str, int]] = ({}, {})
     for event in prof.events():
-        shapes = [s for s in event.input_shapes if s]
-        if event.name in OPERATORS and any(torch.Size(s).numel() == size for s in shapes):
-            calls[event.name] = calls.get(event.name, 0) + 1
-    return calls, statistics.median(times)
+        sizes = {torch.Size(s).numel() for s in event.input_shapes if s}
+        for size, counted in zip((x.shape[0] * 14336, x.numel()), calls, strict=True):
+            if event.name in OPERATORS and size in sizes:
+                counted[event.name] = counted.get(event.name, 0) + 1
+    return *calls, statistics.median(times)
 
 
 def main() -> None:
@@ -87,13 +89,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     layer, x = _layer(args.tokens)
-    peft_calls, peft_s = _measure(layer, x, args.repeats)
+    peft = _measure(layer, x, args.repeats)
     layer.forward = types.MethodType(fused_forward_4bit, layer)
-    fused_calls, fused_s = _measure(layer, x, args.repeats)
+    fused = _measure(layer, x, args.repeats)
     print(f"one 4096 -> 14336 QLoRA layer, {args.tokens} tokens, bf16 autocast, forward + backward on the CPU")
-    for name, calls, seconds in (("peft", peft_calls, peft_s), ("fused", fused_calls, fused_s)):
-        listed = ", ".join(f"{op} x{n}" for op, n in sorted(calls.items()))
-        print(f"{name:6s} {seconds * 1000:8.1f} ms   operators over [tokens, 14336]: {listed}")
+    for name, (outputs, inputs, seconds) in (("peft", peft), ("fused", fused)):
+        over_out = ", ".join(f"{op} x{n}" for op, n in sorted(outputs.items()))
+        over_in = ", ".join(f"{op} x{n}" for op, n in sorted(inputs.items()))
+        print(f"{name:6s} {seconds * 1000:8.1f} ms   over [tokens, 14336]: {over_out}   over [tokens, 4096]: {over_in}")
 
 
 if __name__ == "__main__":

@@ -1,21 +1,23 @@
-"""LoRA's update computed without passes of its own over the layer's output.
+"""LoRA's update computed without passes of its own over the layer's output or input.
 
 peft's forward of a LoRA ``Linear`` (and of a bitsandbytes ``Linear4bit``) computes the update
 ``lora_B(lora_A(x)) * scaling`` as a tensor of the layer's whole output, multiplies it by the scale and
 adds it to the base's output: two passes over a ``[tokens, out_features]`` tensor, twice more in the
-backward, after an input cast to the adapter's fp32 dtype (undone by autocast) and, for 4-bit layers, a
-copy of the base's output. Here the scale never meets a tensor of the output's size:
+backward, where autograd also adds the input's two gradients (the base's and the adapter's) in a pass over
+``[tokens, in_features]``; after an input cast to the adapter's fp32 dtype (undone by autocast) and, for 4-bit
+layers, a copy of the base's output. Here the scale never meets a tensor of the output's size, and the sums
+are matrix multiplies' epilogues:
 
-- a ``Linear`` layer puts the scale and the sum into the epilogue of the second matrix multiply
-  (``addmm(base(x), lora_A(x), B^T, alpha=scaling)``), which rounds once instead of three times; its
-  backward multiplies by the scale only the ``[tokens, r]`` and ``[r, out_features]`` gradients;
-- a 4-bit ``Linear4bit`` layer computes the update first, scaled on its ``[tokens, r]`` side, and then the
-  base's product into it (``ktrain_lora.product_4bit``: the dequantized weight's product added in the
-  matrix multiply's epilogue, so the base's output is never a tensor of its own). The order matters under
-  activation checkpointing: the 4-bit product keeps no tensor for its backward (only the packed weight,
-  outside autograd's saved tensors), so when the last layer of a recomputed block is 4-bit (a Llama's
-  ``down_proj``), PyTorch's recompute stops once the adapter's tensors are back and never runs that
-  layer's dequantization and product again.
+- a ``Linear`` layer is one autograd node (``ktrain_lora.linear_lora``): ``addmm(base(x), lora_A(x), B^T,
+  alpha=scaling)``, rounded once instead of three times; its backward adds the adapter's input gradient into
+  the base's with ``addmm_``. A base other than a plain frozen ``Linear`` (an FP8 one, say) keeps its own
+  forward, with the update still in the ``addmm``'s epilogue;
+- a 4-bit ``Linear4bit`` layer (``ktrain_lora.lora_4bit``) computes the update first, scaled on its
+  ``[tokens, r]`` side, and then the base's product into it in place, so the base's output is never a
+  tensor of its own. The order matters under activation checkpointing: the 4-bit product keeps no tensor for
+  its backward, so when the last layer of a recomputed block is 4-bit (a Llama's ``down_proj``), PyTorch's
+  recompute stops once the adapter's tensors are back and never runs that layer's dequantization and
+  product again.
 
 The layer takes this path when one active adapter is in it, without dropout, DoRA or a bias on ``lora_B``,
 adapters enabled and not merged, called with no other argument, and weights that are plain tensors
@@ -31,6 +33,8 @@ from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
+
+from ktrain_lora.linear_lora import linear_lora
 
 
 def _adapter(layer: Any, args: tuple, kwargs: dict) -> str | None:
@@ -69,14 +73,13 @@ def fused_forward(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> tor
     name = _fused_adapter(layer, x, args, kwargs)
     if name is None:
         return type(layer).forward(layer, x, *args, **kwargs)
+    lora_a, lora_b, scaling = layer.lora_A[name].weight, layer.lora_B[name].weight, layer.scaling[name]
+    fused = linear_lora(layer.base_layer, x, lora_a, lora_b, scaling)
+    if fused is not None:
+        return fused
     result = layer.base_layer(x)
     low = layer.lora_A[name](x)
-    fused = torch.addmm(
-        result.reshape(-1, result.shape[-1]),
-        low.reshape(-1, low.shape[-1]),
-        layer.lora_B[name].weight.t(),
-        alpha=layer.scaling[name],
-    )
+    fused = torch.addmm(result.reshape(-1, result.shape[-1]), low.reshape(-1, low.shape[-1]), lora_b.t(), alpha=scaling)
     return fused.view(result.shape).to(result.dtype)
 
 
@@ -86,12 +89,13 @@ def fused_forward_4bit(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -
     name = _fused_adapter(layer, x, args, kwargs)
     if name is None:
         return type(layer).forward(layer, x, *args, **kwargs)
-    from ktrain_lora.product_4bit import product_4bit  # bitsandbytes, imported where a layer is 4-bit
+    from ktrain_lora.lora_4bit import linear_lora_4bit  # bitsandbytes, imported where a layer is 4-bit
 
-    update = layer.lora_B[name](layer.lora_A[name](x) * layer.scaling[name])
-    summed = product_4bit(layer.base_layer, x, update)
+    lora_a, lora_b, scaling = layer.lora_A[name], layer.lora_B[name], layer.scaling[name]
+    summed = linear_lora_4bit(layer.base_layer, x, lora_a.weight, lora_b.weight, scaling)
     if summed is not None:
         return summed
+    update = lora_b(lora_a(x) * scaling)
     result = layer.base_layer(x)
     return (result + update).to(result.dtype)
 

@@ -117,6 +117,19 @@ class _Dequantized(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _Sums(TorchDispatchMode):
+    """Counts the additions whose result has ``numel`` elements."""
+
+    def __init__(self, numel: int) -> None:
+        super().__init__()
+        self.numel, self.calls = numel, 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.calls += func.overloadpacket in (torch.ops.aten.add, torch.ops.aten.add_) and out.numel() == self.numel
+        return out
+
+
 @contextmanager
 def _peft_forward(model: torch.nn.Module) -> Iterator[None]:
     """peft's forward for the duration (the fused forward is an attribute of each layer)."""
@@ -147,6 +160,27 @@ def test_the_fused_forward_gives_peft_losses_and_gradients(tiny: Path, adapter: 
     assert fused_loss == pytest.approx(loss, rel=1e-2)
     for name, grad in grads.items():
         assert torch.nn.functional.cosine_similarity(fused_grads[name].flatten(), grad.flatten(), dim=0) > 0.99, name
+
+
+@pytest.mark.parametrize("adapter", ["lora", "qlora"])
+def test_a_layers_input_gradient_is_summed_in_its_product(tiny: Path, adapter: str) -> None:
+    """peft's backward adds the base's and the adapter's gradients of a layer's input in a pass of its own; the
+    fused layer adds the adapter's into the base's in ``addmm_``'s epilogue: no addition over the input's size,
+    the same gradients."""
+    layer = _model(tiny, adapter).base_model.model.model.layers[0].mlp.down_proj
+    x = torch.randn(2, 16, layer.in_features, requires_grad=True, generator=torch.Generator().manual_seed(2))
+    sums, grads = [], []
+    for fused in (False, True):
+        if fused:
+            install(layer)
+        x.grad = None
+        out = layer(x)
+        with _Sums(x.numel()) as counter:
+            out.backward(torch.ones_like(out))
+        sums.append(counter.calls)
+        grads.append(x.grad.clone())
+    assert sums == [1, 0]
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
 
 
 def test_a_recomputed_block_skips_its_last_4bit_product(tiny: Path) -> None:
