@@ -79,7 +79,7 @@ def test_a_written_key_switches_its_default_off(write) -> None:
         (["liger_fused_linear_cross_entropy=true"], {"torch_compile", "bfloat16"}),
         (
             ["adapter=qlora", "load_in_4bit=true"],
-            {"fused_linear_cross_entropy", "liger_rope", "liger_rms_norm", "liger_glu_activation"},
+            {"bfloat16", "fused_linear_cross_entropy", "liger_rope", "liger_rms_norm", "liger_glu_activation"},
         ),
         (["tensor_parallel_size=2"], {"bfloat16"}),
         (["bf16=false"], {"torch_compile", "fused_linear_cross_entropy"}),
@@ -93,7 +93,8 @@ def test_a_default_that_does_not_fit_the_config_is_not_taken(write, overrides: l
 def test_an_adapter_run_gets_a_bf16_base_and_bf16_adapter_weights_with_fp32_masters(write) -> None:
     """With an adapter the frozen base turns bf16, and under AdamW in one micro-batch a step the adapter's weights
     too, their fp32 masters in ``adamw_fp32_master``; micro-batches that accumulate, or another optimizer, keep the
-    adapter's weights fp32 and the optimizer as written; a quantized base or FSDP keeps its dtypes."""
+    adapter's weights fp32 and the optimizer as written; a 4-bit base keeps its 4-bit weights and gets bf16 adapter
+    weights with fp32 masters too; an 8-bit base or FSDP keeps its dtypes."""
     lora = "adapter: lora\nlora_target_linear: true\n"
     config = prepare(write(lora), device="cuda", capability=(9, 0)).config
     assert (config.bfloat16, config.optimizer) == (True, "adamw_fp32_master")
@@ -104,6 +105,8 @@ def test_an_adapter_run_gets_a_bf16_base_and_bf16_adapter_weights_with_fp32_mast
         assert (config.bfloat16, config.optimizer) == (True, optimizer), override
         lines = [c.line() for c in fast_defaults.applied(config)]
         assert "bfloat16: on (fast default on CUDA; set bfloat16: false to switch off)" in lines
+    config = prepare(write(lora), ["adapter=qlora", "load_in_4bit=true"], device="cuda", capability=(9, 0)).config
+    assert (config.bfloat16, config.optimizer) == (True, "adamw_fp32_master")
     for overrides in (["fsdp_version=2", "fsdp_config={reshard_after_forward: true}"], ["load_in_8bit=true"]):
         _, config = load_plugins_and_config(write(lora), overrides)
         assert "bfloat16" not in {c.key for c in fast_defaults.pending(config, (9, 0))}, overrides

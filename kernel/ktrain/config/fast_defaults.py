@@ -196,7 +196,8 @@ def _masters_unless(config: Any, capability: tuple[int, int] | None) -> str | No
         (not bf16 or config.fp16, "the compute dtype is not bf16"),
         (not adapter and config.optimizer not in ADAMW, f"{config.optimizer} is not AdamW"),
         (getattr(config, "deepspeed", None) is not None, "DeepSpeed keeps fp32 masters of its own"),
-        (_quantized(config), "a quantized base loads its other weights in the compute dtype already"),
+        (_quantized(config) and not adapter, "a quantized base loads its other weights in the compute dtype already"),
+        (getattr(config, "load_in_8bit", False), "an 8-bit base keeps fp32 adapter weights"),
         (adapter and fsdp, "FSDP would shard a bf16 base and fp32 adapter weights together"),
         (fsdp and getattr(config, "fsdp_version", None) != 2, "only FSDP2 shards fp32 masters"),
         (
@@ -220,7 +221,8 @@ FP32_MASTERS = GpuDefault(
     "bf16 weights, gradients and activations (the residual stream too) instead of fp32 weights under bf16 "
     "autocast; the optimizer keeps fp32 master weights and fp32 AdamW states, so no update is lost to bf16 "
     "rounding; checkpoints and the exported model hold bf16 weights. With an adapter the frozen base is bf16 "
-    "(the values bf16 autocast gives its matrix multiplies), and so are the adapter's weights and gradients, "
+    "(the values bf16 autocast gives its matrix multiplies; a 4-bit base keeps its 4-bit weights and computes in "
+    "bf16), and so are the adapter's weights and gradients, "
     "with fp32 masters and AdamW states in the optimizer (the values autocast computes with, no casts of them "
     "in the forward and backward; the exported adapter holds bf16 weights); where the adapter's optimizer is "
     "not AdamW or micro-batches accumulate, its weights stay fp32 with the optimizer as written",

@@ -191,7 +191,9 @@ class PrecisionKeys:
     bfloat16: bool = key(
         False,
         "pure bf16: weights, gradients and optimizer states in bf16, computing in bf16 (8 bytes a parameter "
-        "under AdamW instead of 16; updates below bf16's precision are lost). An adapter's own weights stay fp32",
+        "under AdamW instead of 16; updates below bf16's precision are lost); with optimizer: adamw_fp32_master "
+        "the optimizer keeps fp32 masters and states. An adapter's own weights stay fp32, except under "
+        "adamw_fp32_master (bf16 with fp32 masters); a 4-bit base keeps its 4-bit weights",
         gpu_default=FP32_MASTERS,
     )
     fp16: bool = key(False, "compute in fp16 with loss scaling")

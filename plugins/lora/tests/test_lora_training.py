@@ -241,6 +241,33 @@ def test_lora_with_fp32_masters_trains_bf16_adapter_weights_resumes_exactly_and_
     ).read_bytes()
 
 
+def test_qlora_with_fp32_masters_trains_bf16_adapter_weights_over_the_4bit_base(tmp_path: Path) -> None:
+    """A QLoRA run takes ``bfloat16: true`` with ``adamw_fp32_master`` by default on a GPU: the 4-bit base keeps its
+    weights and computes in bf16, the adapter's weights and gradients are bf16 with fp32 masters and moments in
+    the optimizer. Step 1's loss is that of fp32 adapter weights under bf16 autocast; the next follow them to a
+    relative 1e-3 (the same fp32 updates from a start rounded to bf16); the exported adapter holds bf16 weights."""
+    model_dir(tmp_path)
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.from_pretrained(tmp_path / "model")
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
+    dataset(tmp_path, 200)
+    keys = {**QLORA, "gradient_accumulation_steps": 1, "max_steps": 4, "bf16": True, "bfloat16": True}
+    keys = {k: v for k, v in keys.items() if k not in ("val_set_size", "eval_steps", "save_steps")}
+    runs = {}
+    for name, optimizer in (("fp32", "adamw_torch"), ("masters", "adamw_fp32_master")):
+        config = write_config(tmp_path, f"{name}.yaml", **keys, optimizer=optimizer, output_dir=str(tmp_path / name))
+        done = ktrain("run", str(config))
+        assert done.returncode == 0, done.stderr
+        runs[name] = records(tmp_path / name)
+    assert runs["masters"].keys() == runs["fp32"].keys() == set(range(1, 5))
+    assert runs["masters"][1] == runs["fp32"][1]
+    for step in (2, 3, 4):
+        assert runs["masters"][step] == pytest.approx(runs["fp32"][step], rel=1e-3), step
+    assert runs["masters"][4] < runs["masters"][1]
+    adapter = load_file(tmp_path / "masters" / "final" / "adapter_model.safetensors")
+    assert adapter and {t.dtype for t in adapter.values()} == {torch.bfloat16}
+
+
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
