@@ -13,17 +13,31 @@ dozen autograd nodes, each some Python on the host. ``linear_lora_4bit`` makes i
    of its context), so under activation checkpointing PyTorch's recompute of a block, which stops once the
    last saved tensor is back, never runs a block's last 4-bit product again (a Llama's ``down_proj``).
 
-Everything computes in the base's compute dtype; the adapter's weights are cast to it and their gradients
-returned in their own dtype, as autocast's casts do.
+On a GPU an nf4 weight is dequantized by one kernel (``ktrain_lora.dequantize_triton``), bitsandbytes'
+values in one launch where bitsandbytes makes three. Everything computes in the base's compute dtype; the
+adapter's weights are cast to it and their gradients returned in their own dtype, as autocast's casts do.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import bitsandbytes.functional as bnb_functional
 import torch
 from torch.distributed.tensor import DTensor
+
+TRITON = importlib.util.find_spec("triton") is not None  # CUDA builds of torch bring it on Linux
+
+
+def _dequantize(weight: Any, state: Any) -> torch.Tensor:
+    """The 4-bit ``weight`` in its compute dtype, as bitsandbytes dequantizes it; on a GPU an nf4 weight in one
+    Triton kernel (``ktrain_lora.dequantize_triton``) instead of bitsandbytes' three."""
+    if TRITON and weight.is_cuda and state.quant_type == "nf4":
+        from ktrain_lora.dequantize_triton import dequantize  # Triton, imported where a weight is on a GPU
+
+        return dequantize(weight, state)
+    return bnb_functional.dequantize_4bit(weight, state)
 
 
 class _Update(torch.autograd.Function):
@@ -48,7 +62,7 @@ class _Update(torch.autograd.Function):
         grad_b = (grad.t() @ low.reshape(-1, low.shape[-1])).to(ctx.dtypes[1]) if ctx.needs_input_grad[2] else None
         grad_x = None
         if ctx.needs_input_grad[0]:
-            dense = bnb_functional.dequantize_4bit(ctx.weight, ctx.state).to(grad.dtype)
+            dense = _dequantize(ctx.weight, ctx.state).to(grad.dtype)
             grad_x = (grad @ dense).addmm_(grad_low, a).view(x.shape)
         return grad_x, grad_a, grad_b, None, None, None
 
@@ -58,7 +72,7 @@ class _Base(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, update: torch.Tensor, weight: Any, state: Any) -> torch.Tensor:
-        dense = bnb_functional.dequantize_4bit(weight, state).to(x.dtype)
+        dense = _dequantize(weight, state).to(x.dtype)
         update.view(-1, update.shape[-1]).addmm_(x.reshape(-1, x.shape[-1]), dense.t())
         ctx.mark_dirty(update)
         return update
