@@ -69,3 +69,25 @@ def test_the_kernel_on_a_gpu_equals_bitsandbytes_cuda_dequantization(dtype: torc
         got, expected = dequantize(packed, state), F.dequantize_4bit(packed, state)
         assert got.dtype == expected.dtype == dtype
         assert torch.equal(got, expected), (nested, shape)
+
+
+@pytest.mark.parametrize("out", ["*bf16", "*fp16", "*fp32"])
+def test_the_kernel_compiles_for_a_hopper_gpu_without_fused_multiply_adds(out: str) -> None:
+    """Triton compiles the kernel to PTX for sm_90 without a GPU: no fused multiply-add (the scale's product and
+    its offset round apart, as in bitsandbytes), and bf16 values rounded to nearest."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ktrain_lora.dequantize_triton import _dequantize_kernel
+
+    for nested in (True, False):
+        pointers = ("packed", "code", "absmax", "absmax8", "absmax2", "code2", "offset")
+        signature = {name: "*fp32" for name in pointers} | {"packed": "*u8", "out": out}
+        signature |= {"absmax8": "*u8"} if nested else {}
+        signature |= {"n_bytes": "i32", "n_values": "i32"}
+        constants = {"BLOCKSIZE": 64, "BLOCKSIZE2": 256, "NESTED": nested, "BYTES": 1024}
+        source = ASTSource(_dequantize_kernel, signature | dict.fromkeys(constants, "constexpr"), constexprs=constants)
+        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}).asm["ptx"]
+        assert "fma." not in ptx, nested
+        assert ("cvt.rn.bf16" in ptx) == (out == "*bf16"), nested
