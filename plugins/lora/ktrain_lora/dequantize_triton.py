@@ -8,7 +8,8 @@ where a layer's products are small. Here one kernel reads the packed weight and 
 weight in its compute dtype. The arithmetic is bitsandbytes': a block's scale is ``code2[q] * absmax2[block //
 blocksize2]`` rounded to fp32, then the offset added and rounded again (no fused multiply-add), and each
 value is ``code[nibble] * scale`` in fp32, rounded to the compute dtype; a byte's high nibble is the first of
-its two values. The result equals bitsandbytes' to the bit (``plugins/lora/tests/test_lora_dequantize.py``).
+its two values. ``plugins/lora/tests/test_lora_dequantize.py`` compares the result with bitsandbytes' to the bit:
+with its definition in Triton's interpreter, with its CUDA kernels on a GPU.
 """
 
 from __future__ import annotations
