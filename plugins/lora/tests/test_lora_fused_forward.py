@@ -268,3 +268,30 @@ def test_peft_forward_runs_where_the_fused_one_cannot(tiny: Path) -> None:
         with torch.no_grad(), _Addmm() as counter:
             _model(tiny, "lora", lora_fused_forward=True, **keys)(input_ids=IDS)
         assert counter.calls == 0, keys
+
+
+def test_a_base_with_a_bias_gives_peft_outputs_and_gradients() -> None:
+    """A base with a bias (Qwen2's q, k and v projections): the fused node adds it in the base's product; fp32
+    outputs and gradients are peft's."""
+    torch.manual_seed(0)
+    base = torch.nn.Sequential()
+    base.add_module("q_proj", torch.nn.Linear(32, 48, bias=True))
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
+    layer = model.base_model.model.q_proj
+    with torch.no_grad():
+        layer.lora_B["default"].weight.normal_(std=0.1)
+    x = torch.randn(3, 5, 32, requires_grad=True)
+    results = []
+    for fused in (False, True):
+        if fused:
+            assert install(model) == 1
+        x.grad = None
+        model.zero_grad(set_to_none=True)
+        with _Addmm() as counter:
+            out = model(x)
+        out.pow(2).sum().backward()
+        weights = (layer.lora_A["default"].weight.grad, layer.lora_B["default"].weight.grad)
+        results.append((counter.calls, out.detach(), x.grad.clone(), *weights))
+    assert (results[0][0], results[1][0]) == (0, 2)  # the bias's addmm and the update's addmm_
+    for got, expected in zip(results[1][1:], results[0][1:], strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
