@@ -20,6 +20,7 @@ adapter's weights are cast to it and their gradients returned in their own dtype
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from typing import Any
 
@@ -98,7 +99,7 @@ def linear_lora_4bit(
         return None
     dtype, device = base.compute_dtype, x.device.type
     x = x.to(dtype)
-    if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) != dtype:
-        with torch.autocast(device, enabled=False):  # the base's dtype, as bitsandbytes' product computes
-            return _Base.apply(x, _Update.apply(x, lora_a, lora_b, scaling, base.weight, state), base.weight, state)
-    return _Base.apply(x, _Update.apply(x, lora_a, lora_b, scaling, base.weight, state), base.weight, state)
+    other = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) != dtype
+    with torch.autocast(device, enabled=False) if other else contextlib.nullcontext():  # the base's dtype, as
+        update = _Update.apply(x, lora_a, lora_b, scaling, base.weight, state)  # bitsandbytes' product computes
+        return _Base.apply(x, update, base.weight, state)
