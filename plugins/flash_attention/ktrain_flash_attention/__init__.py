@@ -1,0 +1,1 @@
+"""ktrain-plugin-flash-attention: FlashAttention-4 behind PyTorch SDPA."""

@@ -1,0 +1,59 @@
+"""The config key of ktrain-plugin-flash-attention, and where its GPU default applies (no torch here)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ktrain.config.fast_defaults import GpuDefault
+from ktrain.config.keys import key
+
+CAPABILITIES = (9, 10)
+"""The major compute capabilities FlashAttention-4's kernels are built for (Hopper, Blackwell)."""
+
+INSTALL = "pip install 'ktrain-plugin-flash-attention[kernels]' (flash-attn-4)"
+OFF = "set flash_attention_4: false"
+
+
+def installed() -> bool:
+    """Whether FlashAttention-4 (``flash_attn.cute``) is installed, found without importing it."""
+    spec = importlib.util.find_spec("flash_attn")
+    places = spec.submodule_search_locations if spec is not None else None
+    return bool(places) and any((Path(place) / "cute" / "interface.py").is_file() for place in places)
+
+
+def attention(config: Any) -> str:
+    """The attention implementation the config asks for (SDPA where it names none)."""
+    if config.attn_implementation:
+        return config.attn_implementation
+    return "flash_attention_2" if config.flash_attention else "flex_attention" if config.flex_attention else "sdpa"
+
+
+def _unless(config: Any, capability: tuple[int, int] | None) -> str | None:
+    """Why FlashAttention-4 is not the fast default of ``config`` (None: it is)."""
+    if attention(config) != "sdpa":
+        return "the attention is not PyTorch's SDPA"
+    if capability is None or capability[0] not in CAPABILITIES:
+        return "FlashAttention-4's kernels are for GPUs of compute capability 9.x and 10.x"
+    if not installed():
+        return f"flash-attn-4 is not installed ({INSTALL})"
+    return None
+
+
+@attrs.define(kw_only=True)
+class FlashAttentionKeys:
+    """FlashAttention-4's kernels behind PyTorch's scaled_dot_product_attention."""
+
+    flash_attention_4: bool = key(
+        False,
+        "SDPA's attention without a mask runs FlashAttention-4's kernels (the flash-attn-4 package; GPUs of "
+        "compute capability 9.x and 10.x), in place of cuDNN's and FlashAttention-2's",
+        gpu_default=GpuDefault(
+            True,
+            "SDPA's causal attention runs FlashAttention-4's kernels: the same computation, rounded differently",
+            unless=_unless,
+        ),
+    )

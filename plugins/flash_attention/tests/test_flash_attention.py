@@ -1,0 +1,97 @@
+"""ktrain-plugin-flash-attention on CPU: where FlashAttention-4 is a GPU default, and the refusals before launch.
+
+The GPU defaults are resolved as ``ktrain run`` resolves them on a GPU (``device="cuda"`` and a compute
+capability), no GPU needed. Whether flash-attn-4 is installed is read from where Python would import
+``flash_attn.cute`` from, without importing it: the tests that need it found put a folder holding
+``flash_attn/cute/interface.py`` first on ``sys.path``; the CPU machine itself has no flash-attn-4.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ktrain.config import fast_defaults
+from ktrain.config.plan import prepare
+from ktrain.config.report import ConfigError
+from ktrain.testing import dataset, ktrain, model_dir, write_config
+from ktrain_flash_attention.keys import installed
+
+KEY = "flash_attention_4"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("fa4")
+    model_dir(root)
+    dataset(root, 8)
+    return root
+
+
+@pytest.fixture
+def found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``flash_attn.cute`` where Python looks first (its interface module's file; nothing imports it)."""
+    cute = tmp_path / "site" / "flash_attn" / "cute"
+    cute.mkdir(parents=True)
+    (cute.parent / "__init__.py").write_text("")
+    (cute / "interface.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+
+
+def _taken(root: Path, capability: tuple[int, int] | None = (9, 0), device: str = "cuda", **keys: object) -> bool:
+    config = prepare(write_config(root, bf16=True, **keys), world_size=1, device=device, capability=capability).config
+    return KEY in [choice.key for choice in fast_defaults.applied(config)]
+
+
+def _problems(root: Path, device: str | None, capability: tuple[int, int] | None = None, **keys) -> str:
+    """The report of the checks ``ktrain run`` makes before launch ('' when it passes)."""
+    config = write_config(root, "check.yaml", flash_attention_4=True, **keys)
+    try:
+        plan = prepare(config, world_size=1 if device else None, device=device, capability=capability)
+    except ConfigError as e:
+        return str(e)
+    return "\n".join(str(w) for w in plan.warnings)
+
+
+@pytest.mark.usefixtures("found")
+def test_a_hopper_or_blackwell_gpu_with_flash_attn_4_takes_it_under_sdpa(root: Path) -> None:
+    assert installed()
+    assert _taken(root, (9, 0)) and _taken(root, (10, 0)) and _taken(root, attn_implementation="sdpa")
+    assert not _taken(root, (8, 0)) and not _taken(root, (12, 0))  # Ampere, and Blackwell's 12.x
+    assert not _taken(root, attn_implementation="flex_attention")
+    assert not _taken(root, attn_implementation="eager")
+    assert not _taken(root, device="cpu")
+    assert not _taken(root, **{KEY: False})  # written: never changed
+
+
+def test_without_flash_attn_4_nothing_is_taken_and_check_says_how_to_install(root: Path) -> None:
+    if installed():
+        pytest.skip("flash-attn-4 is installed here")
+    assert not _taken(root, (9, 0))
+    assert "flash_attention_4: needs flash-attn-4, which is not installed here" in _problems(root, "cuda", (9, 0))
+    assert "pip install 'ktrain-plugin-flash-attention[kernels]'" in _problems(root, "cuda", (9, 0))
+    assert "needs flash-attn-4" in _problems(root, None)  # ktrain check anywhere: a warning, not an error
+    with pytest.raises(ConfigError):
+        prepare(write_config(root, "run.yaml", flash_attention_4=True), world_size=1, device="cuda", capability=(9, 0))
+
+
+@pytest.mark.usefixtures("found")
+def test_the_device_and_the_attention_are_checked_before_launch(root: Path) -> None:
+    assert "flash_attention_4: needs a GPU of compute capability 9.x or 10.x; this run's ranks would use the CPU" in (
+        _problems(root, "cpu")
+    )
+    assert "this one is 8.0; set flash_attention_4: false" in _problems(root, "cuda", (8, 0))
+    assert _problems(root, "cuda", (9, 0)) == ""
+    assert "runs under attn_implementation: sdpa, not flex_attention" in _problems(
+        root, "cuda", (9, 0), attn_implementation="flex_attention"
+    )
+    assert "`ktrain run` refuses it elsewhere" in _problems(root, None)
+
+
+def test_ktrain_run_on_a_cpu_is_refused_with_one_line(root: Path) -> None:
+    config = write_config(root, "run.yaml", flash_attention_4=True, output_dir=str(root / "refused"))
+    done = ktrain("run", str(config))
+    assert done.returncode == 2, done.stderr
+    assert "flash_attention_4: needs" in done.stderr
+    assert "Traceback" not in done.stderr and not (root / "refused").exists()

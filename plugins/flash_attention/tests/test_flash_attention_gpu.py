@@ -1,0 +1,71 @@
+"""On a GPU of compute capability 9.x or 10.x with flash-attn-4: SDPA runs FlashAttention-4's kernels, as
+exactly as cuDNN's (skipped elsewhere).
+
+Causal, bf16, 32 query heads over 8 KV heads of dimension 64, q/k/v as a transformers attention layer hands them
+(transposed views of ``[batch, length, heads, dim]``); eager and inside ``torch.compile``, whose graph calls the
+flash operators. Both kernels round in bf16, in different orders: on an H100 their outputs differed by up to
+0.031 (two bf16 steps at magnitude 2, docs/results/h100-2026-12-06-fa4/gpu_tests_tolerance_failure.txt). So each
+is compared with the attention in fp32 (the same bf16 inputs): FlashAttention-4's largest error in the output and
+in each gradient is at most twice cuDNN's, plus 1e-3.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def _capable() -> bool:
+    return (
+        torch.cuda.is_available()
+        and torch.cuda.get_device_capability()[0] in (9, 10)
+        and importlib.util.find_spec("flash_attn") is not None
+    )
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    return out.transpose(1, 2).contiguous()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _capable(), reason="needs a GPU of compute capability 9.x or 10.x and flash-attn-4")
+def test_sdpa_runs_flash_attention_4_and_gives_cudnns_values_and_gradients() -> None:
+    from ktrain_flash_attention.kernels import register
+
+    torch.manual_seed(0)
+    leaves = [
+        torch.randn((2, 1024, heads, 64), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for heads in (32, 8, 8)
+    ]
+    grad = torch.randn((2, 1024, 32, 64), device="cuda", dtype=torch.bfloat16)
+
+    def run(backend: SDPBackend, compiled: bool, wide: bool = False) -> list[torch.Tensor]:
+        q, k, v = ((t.float() if wide else t).transpose(1, 2) for t in leaves)
+        attend = torch.compile(_attend) if compiled else _attend
+        with sdpa_kernel([backend]):
+            out = attend(q, k, v)
+        out.backward(grad.float() if wide else grad)
+        found = [out.detach().float(), *(t.grad.float() for t in leaves)]
+        for t in leaves:
+            t.grad = None
+        return found
+
+    exact = run(SDPBackend.MATH, False, wide=True)
+    cudnn_found = run(SDPBackend.CUDNN_ATTENTION, False)
+    cudnn = [(got - want).abs().max().item() for got, want in zip(cudnn_found, exact, strict=True)]
+    library = register()
+    try:
+        for compiled in (False, True):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+                found = run(SDPBackend.FLASH_ATTENTION, compiled)
+            names = {event.name for event in profile.events() if event.device_type.name == "CUDA"}
+            assert not any("pytorch_flash" in name for name in names), names  # not PyTorch's FlashAttention-2
+            for got, want, limit in zip(found, exact, cudnn, strict=True):
+                assert (got - want).abs().max().item() <= 2 * limit + 1e-3, (compiled, limit)
+    finally:
+        del library
