@@ -36,6 +36,8 @@ def _unless(config: Any, capability: tuple[int, int] | None) -> str | None:
     """Why FlashAttention-4 is not the fast default of ``config`` (None: it is)."""
     if attention(config) != "sdpa":
         return "the attention is not PyTorch's SDPA"
+    if getattr(config, "context_parallel_size", None) not in (None, 1):
+        return "context parallelism (its ring attention's calls of the flash kernels were not checked with it)"
     if capability is None or capability[0] not in CAPABILITIES:
         return "FlashAttention-4's kernels are for GPUs of compute capability 9.x and 10.x"
     if not installed():

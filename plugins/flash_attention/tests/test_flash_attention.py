@@ -39,8 +39,11 @@ def found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
 
 
-def _taken(root: Path, capability: tuple[int, int] | None = (9, 0), device: str = "cuda", **keys: object) -> bool:
-    config = prepare(write_config(root, bf16=True, **keys), world_size=1, device=device, capability=capability).config
+def _taken(
+    root: Path, capability: tuple[int, int] | None = (9, 0), device: str = "cuda", ranks: int = 1, **keys: object
+) -> bool:
+    config = write_config(root, bf16=True, **keys)
+    config = prepare(config, world_size=ranks, device=device, capability=capability).config
     return KEY in [choice.key for choice in fast_defaults.applied(config)]
 
 
@@ -62,6 +65,7 @@ def test_a_hopper_or_blackwell_gpu_with_flash_attn_4_takes_it_under_sdpa(root: P
     assert not _taken(root, attn_implementation="flex_attention")
     assert not _taken(root, attn_implementation="eager")
     assert not _taken(root, device="cpu")
+    assert _taken(root, ranks=2) and not _taken(root, ranks=2, context_parallel_size=2)
     assert not _taken(root, **{KEY: False})  # written: never changed
 
 
