@@ -17,7 +17,8 @@
 # from this script, Axolotl's trl 1.9.0 would otherwise stand before the trl another script installs.
 # WHEELS, CONFIGS ("NAME:WEIGHTS[:KEY=VALUE]" items: beside Axolotl; blank: no Axolotl run, and ktrain's wheels
 # alone will do), ALONE (items of ktrain alone, after them),
-# PROFILE (one item: 3 steps of ktrain's side profiled, to $OUT/b/profile_NAME.txt), BENCH_ARGS, BENCH_TIMEOUT
+# PROFILE (one item: 3 steps of ktrain's side profiled, to $OUT/b/profile_NAME.txt), EXTRA_PATH (folders after
+# the wheels' on PYTHONPATH: flash-attn-4 as tools/device/flash_attention_bench.sh INSTALL_ONLY=1 puts it), BENCH_ARGS, BENCH_TIMEOUT
 # (s; each run's, cut to what is left of DEADLINE, the seconds from the start for all of them) choose what runs.
 set -u
 W=${WHEELS:-.device/axolotl_whl}
@@ -46,7 +47,7 @@ python3 -c "import PIL" 2>/dev/null || { mkdir -p /tmp/stubs/PIL; printf '%s\n' 
   'import enum' 'class Resampling(enum.IntEnum):' \
   '    NEAREST = 0' '    LANCZOS = 1' '    BILINEAR = 2' '    BICUBIC = 3' '    BOX = 4' '    HAMMING = 5' \
   > /tmp/stubs/PIL/Image.py; printf '"""A stand-in for Pillow."""\n' > /tmp/stubs/PIL/__init__.py; echo "PIL: stand-in"; }
-export PYTHONPATH=/tmp/site_axolotl:/tmp/stubs PYTHONUNBUFFERED=1 AXOLOTL_DO_NOT_TRACK=1
+export PYTHONPATH=/tmp/site_axolotl:/tmp/stubs${EXTRA_PATH:+:$EXTRA_PATH} PYTHONUNBUFFERED=1 AXOLOTL_DO_NOT_TRACK=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s " plugins/*/) > /tmp/pip.txt 2>&1 || tail -5 /tmp/pip.txt
 mkdir -p "$OUT/b"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

@@ -7,13 +7,16 @@
 #     einops, pluggy, attrs, cattrs, ruamel.yaml, liger-kernel;
 #   CUTLASS_LIBS: the files whose concatenation is a tar.xz of the unpacked nvidia-cutlass-dsl-libs-cu12 4.8.1 wheel
 #     (92 MB as a wheel, 63 MB so: more than one call carries, so it may come in pieces over calls on one machine);
-#   CONFIGS (names under configs/bench/, default llama_1p5b), BENCH_ARGS, BENCH_TIMEOUT (s).
+#   CONFIGS (names under configs/bench/, default llama_1p5b), BENCH_ARGS, BENCH_TIMEOUT (s); INSTALL_ONLY=1 installs and
+#   stops (for tools/device/axolotl_bench.sh EXTRA_PATH="/tmp/fa4site /tmp/fa4site/nvidia_cutlass_dsl/dsl_packages" in a
+#   later call on the same machine, with ':' between the two).
 set -u
 S=/tmp/fa4site
 mkdir -p "$S" "$OUT/b"
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$S" "$FA4_WHEELS"/*.whl 2>&1 | grep -v "already exists" | tail -2
 cat $CUTLASS_LIBS | xz -d | tar -x -C "$S" || { echo "the CuTe DSL's libraries did not unpack"; exit 3; }
 python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s " plugins/*/) > /tmp/pip.txt 2>&1 || tail -3 /tmp/pip.txt
+[ -n "${INSTALL_ONLY:-}" ] && { ls "$S"; exit 0; }
 export PYTHONPATH=$S:$S/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1
 timeout 150 python tools/device/fa4_attention.py 2>&1 | grep -v -i "warn\|generate_mlir" | tee "$OUT/b/fa4_attention.txt"
 ORDER="default false"; [ -n "${OFF_FIRST:-}" ] && ORDER="false default"

@@ -1,8 +1,10 @@
 """The runtime object of ``flash_attention_4: true``: FlashAttention-4's kernels behind SDPA on each rank.
 
 Before the model loads, the rank checks its GPU, gives SDPA's flash operators FlashAttention-4's kernels
-(``ktrain_flash_attention.kernels``) and switches cuDNN's SDPA off, so that SDPA picks its flash backend for
-attention without a mask. After loading, a model whose attention drops out is refused (FlashAttention-4 has
+(``ktrain_flash_attention.kernels``) and puts SDPA's flash backend first in its priority order, before cuDNN's,
+so that SDPA picks it for attention without a mask; attention with a mask, which the flash backend does not
+take, goes on to cuDNN's as before. Where SDPA's own choice still is not the flash backend, cuDNN's SDPA is
+switched off. After loading, a model whose attention drops out is refused (FlashAttention-4 has
 no dropout).
 """
 
@@ -12,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import torch
+import torch.nn.attention
 
 from ktrain import hookimpl
 from ktrain.config.report import ConfigError, Report
@@ -26,12 +29,29 @@ def _refuse(config: Any, message: str) -> None:
     raise ConfigError(report)
 
 
+def prefer_flash(device: torch.device) -> str:
+    """Put SDPA's flash backend first in its priority order (the order ``sdpa_kernel(..., set_priority=True)``
+    sets), and check with SDPA's own choice on ``device`` that it is picked for causal attention without a mask;
+    where it is not (a build that sets its preferred order at its first choice), switch cuDNN's SDPA off. Says
+    which was done."""
+    flash = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+    probe = torch.zeros((1, 2, 128, 64), device=device, dtype=torch.bfloat16)
+    for _ in range(2):  # the first choice may set the build's order: set ours again after it
+        order = torch._C._get_sdp_priority_order()
+        torch._C._set_sdp_priority_order([flash, *(backend for backend in order if backend != flash)])
+        if torch._fused_sdp_choice(probe, probe, probe, is_causal=True) == flash:
+            return "first before cuDNN's"
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return "cuDNN's SDPA off"
+
+
 class FlashAttention4:
     """Owner of ``op:sdpa_flash``: SDPA's flash kernels are FlashAttention-4's on this rank."""
 
     def __init__(self, config: Any):
         self.config = config
         self.library: Any = None
+        self.order = ""
 
     @hookimpl
     def ktrain_collect_model_kwargs(self, run: Any) -> None:
@@ -48,7 +68,7 @@ class FlashAttention4:
             self.library = register()
         except ImportError as error:
             _refuse(self.config, f"needs flash-attn-4, which does not import here ({error}): {INSTALL}; or {OFF}")
-        torch.backends.cuda.enable_cudnn_sdp(False)
+        self.order = prefer_flash(run.device)
 
     @hookimpl
     def ktrain_wrap_model(self, model: torch.nn.Module, run: Any) -> None:
@@ -63,5 +83,5 @@ class FlashAttention4:
                 release = version("flash-attn-4")
             except PackageNotFoundError:
                 release = "version unknown"
-            print(f"flash_attention_4: SDPA's flash kernels are FlashAttention-4's ({release}); cuDNN's SDPA off",
+            print(f"flash_attention_4: SDPA's flash kernels are FlashAttention-4's ({release}), {self.order}",
                   flush=True)  # fmt: skip

@@ -11,12 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn.attention
 
 from ktrain.config import fast_defaults
 from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError
 from ktrain.testing import dataset, ktrain, model_dir, write_config
 from ktrain_flash_attention.keys import installed
+from ktrain_flash_attention.runtime import prefer_flash
 
 KEY = "flash_attention_4"
 
@@ -91,6 +94,17 @@ def test_the_device_and_the_attention_are_checked_before_launch(root: Path) -> N
         root, "cuda", (9, 0), attn_implementation="flex_attention"
     )
     assert "`ktrain run` refuses it elsewhere" in _problems(root, None)
+
+
+def test_the_flash_backend_is_put_first_in_sdpas_priority_order() -> None:
+    flash = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+    before = torch._C._get_sdp_priority_order()
+    torch._C._set_sdp_priority_order([*(b for b in before if b != flash), flash])  # flash last
+    try:
+        assert prefer_flash(torch.device("cpu")) == "first before cuDNN's"
+        assert torch._C._get_sdp_priority_order()[0] == flash
+    finally:
+        torch._C._set_sdp_priority_order(before)
 
 
 def test_ktrain_run_on_a_cpu_is_refused_with_one_line(root: Path) -> None:

@@ -2,15 +2,18 @@
 exactly as cuDNN's (skipped elsewhere).
 
 Causal, bf16, 32 query heads over 8 KV heads of dimension 64, q/k/v as a transformers attention layer hands them
-(transposed views of ``[batch, length, heads, dim]``); eager and inside ``torch.compile``, whose graph calls the
-flash operators. Both kernels round in bf16, in different orders: on an H100 their outputs differed by up to
-0.031 (two bf16 steps at magnitude 2, docs/results/h100-2026-12-06-fa4/gpu_tests_tolerance_failure.txt). So each
-is compared with the attention in fp32 (the same bf16 inputs): FlashAttention-4's largest error in the output and
-in each gradient is at most twice cuDNN's, plus 1e-3.
+(transposed views of ``[batch, length, heads, dim]``); SDPA choosing its backend itself after the rank's
+``prefer_flash``, eager and inside ``torch.compile``, whose graph calls the flash operators; the profiler shows no
+kernel of PyTorch's FlashAttention-2 or of cuDNN. Both kernels round in bf16, in different orders: on an H100
+their outputs differed by up to 0.031 (two bf16 steps at magnitude 2,
+docs/results/h100-2026-12-06-fa4/gpu_tests_tolerance_failure.txt). So each is compared with the attention in fp32
+(the same bf16 inputs): FlashAttention-4's largest error in the output and in each gradient is at most twice
+cuDNN's, plus 1e-3.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import pytest
@@ -36,6 +39,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 @pytest.mark.skipif(not _capable(), reason="needs a GPU of compute capability 9.x or 10.x and flash-attn-4")
 def test_sdpa_runs_flash_attention_4_and_gives_cudnns_values_and_gradients() -> None:
     from ktrain_flash_attention.kernels import register
+    from ktrain_flash_attention.runtime import prefer_flash
 
     torch.manual_seed(0)
     leaves = [
@@ -44,10 +48,10 @@ def test_sdpa_runs_flash_attention_4_and_gives_cudnns_values_and_gradients() -> 
     ]
     grad = torch.randn((2, 1024, 32, 64), device="cuda", dtype=torch.bfloat16)
 
-    def run(backend: SDPBackend, compiled: bool, wide: bool = False) -> list[torch.Tensor]:
+    def run(backend: SDPBackend | None, compiled: bool, wide: bool = False) -> list[torch.Tensor]:
         q, k, v = ((t.float() if wide else t).transpose(1, 2) for t in leaves)
         attend = torch.compile(_attend) if compiled else _attend
-        with sdpa_kernel([backend]):
+        with sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext():
             out = attend(q, k, v)
         out.backward(grad.float() if wide else grad)
         found = [out.detach().float(), *(t.grad.float() for t in leaves)]
@@ -58,14 +62,19 @@ def test_sdpa_runs_flash_attention_4_and_gives_cudnns_values_and_gradients() -> 
     exact = run(SDPBackend.MATH, False, wide=True)
     cudnn_found = run(SDPBackend.CUDNN_ATTENTION, False)
     cudnn = [(got - want).abs().max().item() for got, want in zip(cudnn_found, exact, strict=True)]
+    order, cudnn = torch._C._get_sdp_priority_order(), torch.backends.cuda.cudnn_sdp_enabled()
     library = register()
+    prefer_flash(torch.device("cuda"))  # what a rank does: SDPA's own choice, no backend named, from here on
     try:
         for compiled in (False, True):
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-                found = run(SDPBackend.FLASH_ATTENTION, compiled)
+                found = run(None, compiled)
             names = {event.name for event in profile.events() if event.device_type.name == "CUDA"}
-            assert not any("pytorch_flash" in name for name in names), names  # not PyTorch's FlashAttention-2
+            # neither PyTorch's FlashAttention-2 nor cuDNN's attention
+            assert not any("pytorch_flash" in name or "cudnn" in name for name in names), names
             for got, want, limit in zip(found, exact, cudnn, strict=True):
                 assert (got - want).abs().max().item() <= 2 * limit + 1e-3, (compiled, limit)
     finally:
         del library
+        torch._C._set_sdp_priority_order(order)
+        torch.backends.cuda.enable_cudnn_sdp(cudnn)
