@@ -14,8 +14,10 @@ Forward + backward, bf16, 32 query heads over 8 KV heads of dimension 64, on two
   (causal from the bottom right, FlashAttention's convention where a sequence has fewer queries than keys).
 
 Each line gives the milliseconds of a forward and backward (CUDA events, after 3 unmeasured calls, which
-compile FA4's kernels), TFLOP/s over the allowed (query, key) pairs, and the largest difference of the
-outputs from fp32 SDPA (the dense shape: from cuDNN's bf16 output).
+compile FA4's kernels), the milliseconds of its kernels alone (the profiler's device time: where a way's host
+launches its kernels more slowly than the device runs them, the first figure is the host's; in a training step
+other layers' work fills that time), TFLOP/s over the allowed (query, key) pairs, and the largest difference of
+the outputs from fp32 SDPA (the dense shape: from cuDNN's bf16 output).
 """
 
 from __future__ import annotations
@@ -60,9 +62,15 @@ def report(name: str, forward: Callable[[], torch.Tensor], expected: torch.Tenso
         end.record()
         torch.cuda.synchronize()
         ms = start.elapsed_time(end) / repeat
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            for _ in range(repeat):
+                forward().backward(grad)
+            torch.cuda.synchronize()
+        on_device = [e.time_range.elapsed_us() for e in profile.events() if e.device_type.name == "CUDA"]
+        kernels = sum(on_device) / 1e3 / repeat
         flops = 4 * HEADS * pairs * DIM * 3.5
-        print(f"  {name:36s} {ms:7.3f} ms  {flops / ms / 1e9:5.0f} TFLOP/s  largest difference {error:.2e}",
-              flush=True)  # fmt: skip
+        print(f"  {name:36s} {ms:7.3f} ms ({kernels:6.3f} ms of kernels)  {flops / ms / 1e9:5.0f} TFLOP/s  "
+              f"largest difference {error:.2e}", flush=True)  # fmt: skip
     except Exception as e:  # a way that cannot run says why, and the others still run
         print(f"  {name:36s} cannot: {type(e).__name__}: {str(e).splitlines()[0][:140]}", flush=True)
 
