@@ -7,7 +7,7 @@
 #     einops, pluggy, attrs, cattrs, ruamel.yaml, liger-kernel;
 #   CUTLASS_LIBS: the files whose concatenation is a tar.xz of the unpacked nvidia-cutlass-dsl-libs-cu12 4.8.1 wheel
 #     (92 MB as a wheel, 63 MB so: more than one call carries, so it may come in pieces over calls on one machine);
-#   CONFIGS (names under configs/bench/, default llama_1p5b), BENCH_ARGS, BENCH_TIMEOUT (s); INSTALL_ONLY=1 installs and
+#   CONFIGS (names under configs/bench/, default llama_1p5b; blank: the attention alone), BENCH_ARGS, BENCH_TIMEOUT (s); INSTALL_ONLY=1 installs and
 #   stops (for tools/device/axolotl_bench.sh EXTRA_PATH="/tmp/fa4site /tmp/fa4site/nvidia_cutlass_dsl/dsl_packages" in a
 #   later call on the same machine, with ':' between the two).
 set -u
@@ -20,7 +20,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s
 export PYTHONPATH=$S:$S/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1
 timeout 150 python tools/device/fa4_attention.py 2>&1 | grep -v -i "warn\|generate_mlir" | tee "$OUT/b/fa4_attention.txt"
 ORDER="default false"; [ -n "${OFF_FIRST:-}" ] && ORDER="false default"
-for c in ${CONFIGS:-llama_1p5b}; do
+for c in ${CONFIGS-llama_1p5b}; do
   for fa4 in $ORDER; do
     SET=(); [ "$fa4" = false ] && SET=(--set flash_attention_4=false)
     timeout ${BENCH_TIMEOUT:-200} ktrain bench "configs/bench/$c.yaml" ${BENCH_ARGS:---warmup 5 --steps 15} "${SET[@]}" \
