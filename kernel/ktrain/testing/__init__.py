@@ -34,7 +34,7 @@ from ktrain.testing.conformance import RunCache, ShardingConformance
 from ktrain.testing.project import KtrainProject, install_entry_point, read_metrics
 from ktrain.testing.recorder import ENV as RECORDER_ENV
 from ktrain.testing.recorder import HookRecorder
-from ktrain.testing.runs import dataset, ktrain, model_dir, write_config
+from ktrain.testing.runs import dataset, ktrain, launch_problems, model_dir, write_config
 
 __all__ = [
     "HookRecorder",
@@ -42,6 +42,7 @@ __all__ = [
     "ShardingConformance",
     "dataset",
     "ktrain",
+    "launch_problems",
     "model_dir",
     "read_metrics",
     "write_chat_dataset",

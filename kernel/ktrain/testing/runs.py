@@ -3,7 +3,8 @@
 
 A test lays out its folder with ``model_dir(root)`` and ``dataset(root, rows)``, writes configs with
 ``write_config(root, name, **keys)``, runs ``ktrain("run", str(config))`` and reads the run's
-``metrics.jsonl`` with ``read_metrics`` (``ktrain.testing.project``).
+``metrics.jsonl`` with ``read_metrics`` (``ktrain.testing.project``); ``launch_problems`` gives what a config's
+checks before launch report.
 """
 
 from __future__ import annotations
@@ -53,6 +54,20 @@ def write_config(root: Path, name: str = "run.yaml", **keys: Any) -> Path:
     path = root / name
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
+
+
+def launch_problems(config: Path, device: str | None, capability: tuple[int, int] | None = None) -> str:
+    """What the checks ``ktrain run`` makes before any rank starts report for ``config`` on one rank of ``device``
+    (``"cuda"`` with ``capability``, ``"cpu"``; None: ``ktrain check``, which knows no device): the error
+    report, else the warnings, one a line ('' when it passes)."""
+    from ktrain.config.plan import prepare
+    from ktrain.config.report import ConfigError
+
+    try:
+        plan = prepare(config, world_size=1 if device else None, device=device, capability=capability)
+    except ConfigError as error:
+        return str(error)
+    return "\n".join(str(warning) for warning in plan.warnings)
 
 
 def ktrain(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

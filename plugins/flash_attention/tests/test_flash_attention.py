@@ -17,7 +17,7 @@ import torch.nn.attention
 from ktrain.config import fast_defaults
 from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError
-from ktrain.testing import dataset, ktrain, model_dir, write_config
+from ktrain.testing import dataset, ktrain, launch_problems, model_dir, write_config
 from ktrain_flash_attention.keys import installed
 from ktrain_flash_attention.runtime import prefer_flash
 
@@ -52,12 +52,7 @@ def _taken(
 
 def _problems(root: Path, device: str | None, capability: tuple[int, int] | None = None, **keys) -> str:
     """The report of the checks ``ktrain run`` makes before launch ('' when it passes)."""
-    config = write_config(root, "check.yaml", flash_attention_4=True, **keys)
-    try:
-        plan = prepare(config, world_size=1 if device else None, device=device, capability=capability)
-    except ConfigError as e:
-        return str(e)
-    return "\n".join(str(w) for w in plan.warnings)
+    return launch_problems(write_config(root, "check.yaml", flash_attention_4=True, **keys), device, capability)
 
 
 @pytest.mark.usefixtures("found")

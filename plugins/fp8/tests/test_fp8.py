@@ -19,7 +19,7 @@ import transformers
 
 from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError
-from ktrain.testing import dataset, ktrain, model_dir, write_config
+from ktrain.testing import dataset, ktrain, launch_problems, model_dir, write_config
 from ktrain.testing.assets import TINY_LLAMA
 from ktrain_fp8.plan import conversion_plan
 from ktrain_fp8.runtime import convert
@@ -107,12 +107,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _problems(root: Path, device: str | None, capability: tuple[int, int] | None = None, **keys) -> str:
     """The report of the checks ``ktrain run`` makes before launch ('' when it passes)."""
-    config = write_config(root, "check.yaml", fp8=True, **keys)
-    try:
-        plan = prepare(config, world_size=1 if device else None, device=device, capability=capability)
-    except ConfigError as e:
-        return str(e)
-    return "\n".join(str(w) for w in plan.warnings)
+    return launch_problems(write_config(root, "check.yaml", fp8=True, **keys), device, capability)
 
 
 def test_the_device_is_checked_before_launch(root: Path) -> None:
