@@ -23,6 +23,7 @@ from transformers.quantizers import AutoQuantizationConfig
 from ktrain import hookimpl
 from ktrain.builtin.checkpointing import Recompute, apply_checkpointing
 from ktrain.builtin.freezing import freeze_except
+from ktrain.config.fast_defaults import attention
 from ktrain.config.report import ConfigError
 from ktrain.run.context import weight_dtype
 
@@ -40,9 +41,7 @@ NO_MISTRAL_FORMAT = {"mistral_format": False} if int(transformers.__version__.sp
 
 def attention_implementation(config: Any) -> str:
     """The attention implementation the config asks for, after the fallbacks this machine needs."""
-    wanted = config.attn_implementation or (
-        "flash_attention_2" if config.flash_attention else "flex_attention" if config.flex_attention else "sdpa"
-    )
+    wanted = attention(config)
     if wanted == "flash_attention_2" and (
         importlib.util.find_spec("flash_attn") is None or not torch.cuda.is_available()
     ):

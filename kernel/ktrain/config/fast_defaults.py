@@ -97,6 +97,14 @@ def model_type(config: Any) -> str | None:
     return model_config(config).get("model_type")
 
 
+def attention(config: Any) -> str:
+    """The attention implementation the config asks for (its older keys read; SDPA where it names none), before
+    the fallbacks of the machine it runs on (``ktrain.builtin.hf_model.attention_implementation``)."""
+    if config.attn_implementation:
+        return config.attn_implementation
+    return "flash_attention_2" if config.flash_attention else "flex_attention" if config.flex_attention else "sdpa"
+
+
 def _yaml(value: Any) -> str:
     return {True: "on", False: "off", None: "null"}.get(value, str(value)) if isinstance(value, bool) else str(value)
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from ktrain import hookimpl
-from ktrain_flash_attention.keys import CAPABILITIES, INSTALL, OFF, FlashAttentionKeys, attention, installed
+from ktrain.config.fast_defaults import attention
+from ktrain_flash_attention.keys import CAPABILITIES, INSTALL, OFF, FlashAttentionKeys, installed
 
 
 @hookimpl

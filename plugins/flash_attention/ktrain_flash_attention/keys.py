@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from ktrain.config.fast_defaults import GpuDefault
+from ktrain.config.fast_defaults import GpuDefault, attention
 from ktrain.config.keys import key
 
 CAPABILITIES = (9, 10)
@@ -23,13 +23,6 @@ def installed() -> bool:
     spec = importlib.util.find_spec("flash_attn")
     places = spec.submodule_search_locations if spec is not None else None
     return bool(places) and any((Path(place) / "cute" / "interface.py").is_file() for place in places)
-
-
-def attention(config: Any) -> str:
-    """The attention implementation the config asks for (SDPA where it names none)."""
-    if config.attn_implementation:
-        return config.attn_implementation
-    return "flash_attention_2" if config.flash_attention else "flex_attention" if config.flex_attention else "sdpa"
 
 
 def _unless(config: Any, capability: tuple[int, int] | None) -> str | None:
