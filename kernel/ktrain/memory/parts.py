@@ -18,7 +18,9 @@ A plugin answers with a mapping; each name has one meaning and one owner in a ru
 - ``"float8"``: the projections whose input a block keeps in float8 for backward, a byte an element:
   ``float8_gate_up`` (the MLP's input, when gate and up both multiply in float8), ``float8_down`` (the
   MLP's product); joined with ``"kernels"``;
-- ``"pairs"``: a ``PairsModel``, a preference run's forward (rows a sample, the reference copy, the loss's chunk).
+- ``"pairs"``: a ``PairsModel``, a preference run's forward (rows a sample, the reference copy, the loss's chunk);
+- ``"attention"``: the name of a kernel a plugin puts behind the model's attention that saves for backward what
+  SDPA's fused kernels save (its inputs, its output and a log-sum-exp a head and token), as the model counts.
 
 Nothing here imports torch.
 """

@@ -42,6 +42,12 @@ def ktrain_validate_config(config: Any, report: Any, launch: Any) -> None:
 
 
 @hookimpl
+def ktrain_collect_memory(config: Any) -> dict[str, Any] | None:
+    """In one rank's memory model: FlashAttention-4 saves what SDPA's other fused kernels save."""
+    return {"attention": "flash_attention_4"} if config.flash_attention_4 else None
+
+
+@hookimpl
 def ktrain_activate(config: Any, activate) -> None:
     """Put FlashAttention-4's kernels behind SDPA, claiming ``op:sdpa_flash``."""
     if config.flash_attention_4:

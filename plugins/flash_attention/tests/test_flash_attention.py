@@ -91,6 +91,17 @@ def test_the_device_and_the_attention_are_checked_before_launch(root: Path) -> N
     assert "`ktrain run` refuses it elsewhere" in _problems(root, None)
 
 
+@pytest.mark.usefixtures("found")
+def test_checkpointed_runs_keep_their_chosen_share_of_recomputed_blocks(root: Path) -> None:
+    """The memory model counts what FlashAttention-4 saves, so ``gradient_checkpointing_fraction: auto`` still
+    chooses from the predicted peak rather than recomputing every block because the model cannot predict."""
+    config = write_config(root, "ckpt.yaml", bf16=True, gradient_checkpointing=True, micro_batch_size=1)
+    config = prepare(config, world_size=1, device="cuda", capability=(9, 0), gpu_memory=80 * 2**30).config
+    applied = {choice.key: choice for choice in fast_defaults.applied(config)}
+    assert KEY in applied
+    assert "the plain path's peak" in applied["gradient_checkpointing_fraction"].line()
+
+
 def test_the_flash_backend_is_put_first_in_sdpas_priority_order() -> None:
     flash = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
     before = torch._C._get_sdp_priority_order()
