@@ -113,6 +113,7 @@ def test_the_flash_backend_is_put_first_in_sdpas_priority_order() -> None:
         torch._C._set_sdp_priority_order(before)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the run's ranks would use the GPU")
 def test_ktrain_run_on_a_cpu_is_refused_with_one_line(root: Path) -> None:
     config = write_config(root, "run.yaml", flash_attention_4=True, output_dir=str(root / "refused"))
     done = ktrain("run", str(config))

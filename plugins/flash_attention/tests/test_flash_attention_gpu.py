@@ -62,7 +62,7 @@ def test_sdpa_runs_flash_attention_4_and_gives_cudnns_values_and_gradients() -> 
     exact = run(SDPBackend.MATH, False, wide=True)
     cudnn_found = run(SDPBackend.CUDNN_ATTENTION, False)
     cudnn = [(got - want).abs().max().item() for got, want in zip(cudnn_found, exact, strict=True)]
-    order, cudnn = torch._C._get_sdp_priority_order(), torch.backends.cuda.cudnn_sdp_enabled()
+    order, cudnn_on = torch._C._get_sdp_priority_order(), torch.backends.cuda.cudnn_sdp_enabled()
     library = register()
     prefer_flash(torch.device("cuda"))  # what a rank does: SDPA's own choice, no backend named, from here on
     try:
@@ -77,4 +77,4 @@ def test_sdpa_runs_flash_attention_4_and_gives_cudnns_values_and_gradients() -> 
     finally:
         del library
         torch._C._set_sdp_priority_order(order)
-        torch.backends.cuda.enable_cudnn_sdp(cudnn)
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_on)
