@@ -3,7 +3,7 @@
 # same YAML, then ktrain (fast by default): the 1.5B Llama shape, the same with activation checkpointing, and QLoRA
 # on the 8B shape. Random weights are written once per shape on the GPU (tools/device/random_weights.py) and both
 # sides load them from disk. Reports land in $OUT/b; docs/performance.md ("Beside Axolotl") quotes them.
-#   run: bash tools/device/axolotl_bench.sh   (carry .device/axolotl_whl: ktrain's wheels (pluggy, attrs, cattrs,
+#   run: bash tools/device/axolotl_bench.sh   (carry .device/axolotl_whl, which `bash tools/device/carried_wheels.sh axolotl` makes: ktrain's wheels (pluggy, attrs, cattrs,
 #   ruamel.yaml, liger-kernel, torchao 0.17.0, bitsandbytes) and Axolotl's, made here with `pip download --no-deps`:
 #   axolotl 0.19.0, axolotl-contribs-mit 0.0.6 and -lgpl 0.0.7 (source archives: `pip wheel --no-deps` them),
 #   trl 1.9.0 (Axolotl imports trl.experimental.prm, gone in later trl), addict, fire, termcolor, colorama, fastcore, evaluate, posthog, backoff, distro, and for a device without
