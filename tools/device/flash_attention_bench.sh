@@ -2,7 +2,7 @@
 # FlashAttention-4 behind SDPA on the device (device tool): flash-attn-4 installed from carried wheels, its
 # attention beside cuDNN's (tools/device/fa4_attention.py), then `ktrain bench` of each config with the GPU
 # default flash_attention_4 and with it switched off, in the order OFF_FIRST=1 reverses.
-#   (`bash tools/device/carried_wheels.sh fa4` makes both in .device/fa4_a and .device/fa4_b)
+#   (`bash tools/device/carried_wheels.sh fa4` makes them: .device/fa4_b, the wheels and the second piece; .device/fa4_a, the first)
 #   FA4_WHEELS: a folder with the wheels of flash-attn-4 4.0.0b40, nvidia-cutlass-dsl, nvidia-cutlass-dsl-libs-base
 #     and -core 4.8.1, quack-kernels, apache-tvm-ffi, torch-c-dlpack-ext, cuda-bindings, cuda-pathfinder, protobuf,
 #     einops, pluggy, attrs, cattrs, ruamel.yaml, liger-kernel;
