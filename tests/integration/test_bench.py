@@ -57,7 +57,9 @@ def check_side(side: dict, report: dict) -> None:
         assert side[key] > 0, key
     assert set(side["split_s"]) == {"data", "forward_backward", "optimizer"}
     assert all(seconds > 0 for seconds in side["split_s"].values()), side["split_s"]
-    assert sum(side["split_s"].values()) == pytest.approx(side["step_s"], rel=0.05)  # the parts fill the step
+    # the parts fill the step: within 5%, or 2 ms (steps of 10 ms on a busy 2-core machine left 1.4 ms between the
+    # parts, the host switching to other work)
+    assert sum(side["split_s"].values()) == pytest.approx(side["step_s"], rel=0.05, abs=2e-3)
     assert side["mfu"] == pytest.approx(side["tokens_per_s"] * side["flops_per_token"] / (report["peak_tflops"] * 1e12))
     assert side["peak_memory_gib"] is None  # n/a on a CPU
     assert side["device_state"] is None  # no NVML reading of a CPU
