@@ -9,7 +9,9 @@ Forward + backward, bf16, 32 query heads over 8 KV heads of dimension 64, on two
   ``flash_attn_func``, which takes that layout itself, and SDPA's flash backend with FA4's kernels in its place
   (``ktrain_flash_attention.kernels.register``, what ``flash_attention_4: true`` does on a rank);
 - DPO's shared rows, 4 pairs of 512 + 512 + 512 (``llama_1p5b_dpo``, ``--pairs 512:512``): FlexAttention with
-  the rows' ``BlockMask``, as ktrain runs it, and FA4's ``flash_attn_varlen_func`` over two sequences a row:
+  the rows' ``BlockMask``, as ktrain runs it; the same with ``kernel_options={"BACKEND": "FLASH"}`` (PyTorch's
+  FlexAttention on FA4's CuTe DSL kernels, where the installed torch has that backend and flash-attn-4 is
+  there); and FA4's ``flash_attn_varlen_func`` over two sequences a row:
   the prompt and chosen answer (causal), and the rejected answer's queries over the prompt's and its own keys
   (causal from the bottom right, FlashAttention's convention where a sequence has fewer queries than keys).
 
@@ -108,8 +110,11 @@ def shared(repeat: int) -> None:
     expected = F.scaled_dot_product_attention(*wide, attn_mask=boolean, enable_gqa=True).transpose(1, 2)
     flex = torch.compile(flex_attention)
 
-    def flex_way() -> torch.Tensor:
-        out = flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=blocks, enable_gqa=True)
+    def flex_way(options: dict | None = None) -> torch.Tensor:
+        out = flex(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=blocks, enable_gqa=True,
+            kernel_options=options,
+        )  # fmt: skip
         return out.transpose(1, 2).contiguous()
 
     # a row's keys: prompt + chosen, then prompt + rejected
@@ -130,6 +135,8 @@ def shared(repeat: int) -> None:
     pairs = rows * (prompt * (prompt + 1) // 2 + 2 * (answer * prompt + answer * (answer + 1) // 2))
     print(f"shared rows, {rows} x ({prompt} + {answer} + {answer}): {pairs:,} (query, key) pairs")
     report("FlexAttention, BlockMask", flex_way, expected, pairs, repeat)
+    flash = {"BACKEND": "FLASH"}  # inductor's CuTe DSL templates: FA4's kernels with the block mask's mask_mod
+    report("FlexAttention, BlockMask, BACKEND=FLASH", lambda: flex_way(flash), expected, pairs, repeat)
     report("FA4 flash_attn_varlen_func, 2 a row", fa4_varlen, expected, pairs, repeat)
 
 
