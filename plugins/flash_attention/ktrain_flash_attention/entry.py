@@ -2,8 +2,8 @@
 
 Imports nothing heavy: torch and flash-attn-4 are imported by the runtime object, activated only when
 ``flash_attention_4`` is true. ``ktrain run`` refuses the key written true before any rank starts where the
-ranks would use a CPU, a GPU outside compute capability 9.x and 10.x, or an attention other than SDPA, or
-where flash-attn-4 is not installed.
+ranks would use a CPU, a GPU outside compute capability 9.x and 10.x, or an attention other than SDPA and
+FlexAttention, or where flash-attn-4 is not installed.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from ktrain import hookimpl
 from ktrain.config.fast_defaults import attention
-from ktrain_flash_attention.keys import CAPABILITIES, INSTALL, OFF, FlashAttentionKeys, installed
+from ktrain_flash_attention.keys import ATTENTION, CAPABILITIES, INSTALL, OFF, FlashAttentionKeys, installed
 
 
 @hookimpl
@@ -27,8 +27,9 @@ def ktrain_validate_config(config: Any, report: Any, launch: Any) -> None:
     if not config.flash_attention_4:
         return
     name = "flash_attention_4"
-    if attention(config) != "sdpa":
-        report.error(name, f"runs under attn_implementation: sdpa, not {attention(config)}; remove one of the two")
+    if attention(config) not in ATTENTION:
+        wanted = "attn_implementation: sdpa or flex_attention"
+        report.error(name, f"runs under {wanted}, not {attention(config)}; remove one of the two")
     if not installed() and not (launch is not None and launch.planned):
         message = f"needs flash-attn-4, which is not installed here: {INSTALL}; or {OFF}"
         (report.error if launch is not None and launch.device == "cuda" else report.warn)(name, message)

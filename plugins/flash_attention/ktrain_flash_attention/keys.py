@@ -14,6 +14,8 @@ from ktrain.config.keys import key
 CAPABILITIES = (9, 10)
 """The major compute capabilities FlashAttention-4's kernels are built for (Hopper, Blackwell)."""
 
+ATTENTION = ("sdpa", "flex_attention")
+"""The attention implementations whose kernels the key replaces: SDPA's flash operators, FlexAttention's backend."""
 INSTALL = "pip install 'ktrain-plugin-flash-attention[kernels]' (flash-attn-4)"
 OFF = "set flash_attention_4: false"
 
@@ -45,7 +47,8 @@ class FlashAttentionKeys:
     flash_attention_4: bool = key(
         False,
         "SDPA's attention without a mask runs FlashAttention-4's kernels (the flash-attn-4 package; GPUs of "
-        "compute capability 9.x and 10.x), in place of cuDNN's and FlashAttention-2's",
+        "compute capability 9.x and 10.x), in place of cuDNN's and FlashAttention-2's; under FlexAttention, its "
+        "FLASH backend (FlashAttention-4's kernels with the block mask; written true, not a default)",
         gpu_default=GpuDefault(
             True,
             "SDPA's causal attention runs FlashAttention-4's kernels: the same computation, rounded differently",

@@ -5,7 +5,7 @@ Before the model loads, the rank checks its GPU, gives SDPA's flash operators Fl
 so that SDPA picks it for attention without a mask; attention with a mask, which the flash backend does not
 take, goes on to cuDNN's as before. Where SDPA's own choice still is not the flash backend, cuDNN's SDPA is
 switched off. After loading, a model whose attention drops out is refused (FlashAttention-4 has
-no dropout).
+no dropout); a model on FlexAttention gets FlexAttention's FLASH backend (``ktrain_flash_attention.flex``).
 """
 
 from __future__ import annotations
@@ -72,16 +72,24 @@ class FlashAttention4:
 
     @hookimpl
     def ktrain_wrap_model(self, model: torch.nn.Module, run: Any) -> None:
-        """Refuse a model whose attention drops out; say what runs."""
+        """Refuse a model whose attention drops out; on FlexAttention, ask for its FLASH backend; say what runs."""
         dropout = getattr(model.config.get_text_config(), "attention_dropout", 0.0) or 0.0
         if dropout > 0:
             _refuse(
                 self.config, f"FlashAttention-4 has no dropout, and the model's attention_dropout is {dropout}; {OFF}"
             )
+        what = f"SDPA's flash kernels are FlashAttention-4's ({_release()}), {self.order}"
+        if getattr(model.config, "_attn_implementation", None) == "flex_attention":
+            from ktrain_flash_attention.flex import use_flash_backend
+
+            use_flash_backend()
+            what = f"FlexAttention runs FlashAttention-4's kernels ({_release()}, its FLASH backend)"
         if run.is_main:
-            try:
-                release = version("flash-attn-4")
-            except PackageNotFoundError:
-                release = "version unknown"
-            print(f"flash_attention_4: SDPA's flash kernels are FlashAttention-4's ({release}), {self.order}",
-                  flush=True)  # fmt: skip
+            print(f"flash_attention_4: {what}", flush=True)
+
+
+def _release() -> str:
+    try:
+        return version("flash-attn-4")
+    except PackageNotFoundError:
+        return "version unknown"

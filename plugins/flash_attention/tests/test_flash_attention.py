@@ -85,8 +85,9 @@ def test_the_device_and_the_attention_are_checked_before_launch(root: Path) -> N
     )
     assert "this one is 8.0; set flash_attention_4: false" in _problems(root, "cuda", (8, 0))
     assert _problems(root, "cuda", (9, 0)) == ""
-    assert "runs under attn_implementation: sdpa, not flex_attention" in _problems(
-        root, "cuda", (9, 0), attn_implementation="flex_attention"
+    assert _problems(root, "cuda", (9, 0), attn_implementation="flex_attention") == ""  # its FLASH backend
+    assert "runs under attn_implementation: sdpa or flex_attention, not eager" in _problems(
+        root, "cuda", (9, 0), attn_implementation="eager"
     )
     assert "`ktrain run` refuses it elsewhere" in _problems(root, None)
 
@@ -111,6 +112,31 @@ def test_the_flash_backend_is_put_first_in_sdpas_priority_order() -> None:
         assert torch._C._get_sdp_priority_order()[0] == flash
     finally:
         torch._C._set_sdp_priority_order(before)
+
+
+def test_flexattention_is_asked_for_its_flash_backend_unless_a_call_names_one() -> None:
+    """transformers' ``flex_attention`` function, once the rank uses the FLASH backend, hands FlexAttention
+    ``BACKEND: FLASH`` and the call's other options; a backend the call names is kept; registering twice wraps
+    once. (FlexAttention's FLASH backend itself runs on the GPU: tests/test_flash_attention_gpu.py.)"""
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from ktrain_flash_attention.flex import flash_backend, use_flash_backend
+
+    handed: list[dict] = []
+    attend = flash_backend(lambda module, q, k, v, mask, **kwargs: handed.append(kwargs["kernel_options"]))
+    attend(None, None, None, None, None)
+    attend(None, None, None, None, None, kernel_options={"BLOCK_M": 64})
+    attend(None, None, None, None, None, kernel_options={"BACKEND": "TRITON"})
+    assert handed == [{"BACKEND": "FLASH"}, {"BACKEND": "FLASH", "BLOCK_M": 64}, {"BACKEND": "TRITON"}]
+    original = ALL_ATTENTION_FUNCTIONS["flex_attention"]
+    try:
+        use_flash_backend()
+        use_flash_backend()
+        registered = ALL_ATTENTION_FUNCTIONS["flex_attention"]
+        assert registered.flash_backend and registered.__wrapped__ is original
+    finally:
+        AttentionInterface.register("flex_attention", original)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the run's ranks would use the GPU")

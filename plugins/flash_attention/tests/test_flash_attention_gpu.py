@@ -1,5 +1,6 @@
 """On a GPU of compute capability 9.x or 10.x with flash-attn-4: SDPA runs FlashAttention-4's kernels, as
-exactly as cuDNN's (skipped elsewhere).
+exactly as cuDNN's, and so does FlexAttention's FLASH backend with a block mask, as exactly as its Triton
+kernels (skipped elsewhere).
 
 Causal, bf16, 32 query heads over 8 KV heads of dimension 64, q/k/v as a transformers attention layer hands them
 (transposed views of ``[batch, length, heads, dim]``); SDPA choosing its backend itself after the rank's
@@ -78,3 +79,44 @@ def test_sdpa_runs_flash_attention_4_and_gives_cudnns_values_and_gradients() -> 
         del library
         torch._C._set_sdp_priority_order(order)
         torch.backends.cuda.enable_cudnn_sdp(cudnn_on)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _capable(), reason="needs a GPU of compute capability 9.x or 10.x and flash-attn-4")
+def test_flexattentions_flash_backend_keeps_the_block_mask_and_cudnns_accuracy() -> None:
+    """DPO's shared rows (a prompt, then two answers that each see the prompt and themselves, as
+    ``ktrain_preference.layout`` builds them) through FlexAttention's FLASH backend, what the plugin asks for under
+    FlexAttention: within twice the Triton backend's largest error against fp32 attention with the same mask,
+    plus 1e-3, in the output and each gradient."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from ktrain.data.batches import document_mask
+
+    torch.manual_seed(0)
+    prompt, chosen, rejected = 1, 2, 3
+    segments = torch.tensor([prompt] * 256 + [chosen] * 256 + [rejected] * 256, device="cuda").expand(2, -1)
+    blocks = document_mask(segments, "flex_attention", prefix=prompt)
+    boolean = document_mask(segments, "sdpa", prefix=prompt)
+    leaves = [
+        torch.randn((2, heads, 768, 64), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for heads in (32, 8, 8)
+    ]
+    grad = torch.randn((2, 32, 768, 64), device="cuda", dtype=torch.bfloat16)
+    flex = torch.compile(flex_attention)
+
+    def run(options: dict | None) -> list[torch.Tensor]:
+        if options is None:  # fp32, the boolean mask
+            wide = [t.float() for t in leaves]
+            out = F.scaled_dot_product_attention(*wide, attn_mask=boolean, enable_gqa=True)
+        else:
+            out = flex(*leaves, block_mask=blocks, enable_gqa=True, kernel_options=options)
+        out.backward(grad.float() if options is None else grad)
+        found = [out.detach().float(), *(t.grad.float() for t in leaves)]
+        for t in leaves:
+            t.grad = None
+        return found
+
+    exact = run(None)
+    triton = [(got - want).abs().max().item() for got, want in zip(run({}), exact, strict=True)]
+    for got, want, limit in zip(run({"BACKEND": "FLASH"}), exact, triton, strict=True):
+        assert (got - want).abs().max().item() <= 2 * limit + 1e-3, limit

@@ -1,0 +1,38 @@
+"""FlexAttention on FlashAttention-4's kernels: PyTorch's FlexAttention has a backend, ``BACKEND: FLASH`` in its
+``kernel_options``, that compiles the block mask's ``mask_mod`` into FlashAttention-4's CuTe DSL kernels
+(forward and backward) in place of its Triton ones. transformers hands ``kernel_options`` from the model's
+keyword arguments to its FlexAttention function; ``use_flash_backend()`` registers, in transformers' attention
+functions, that function asking for the FLASH backend unless a call names a backend itself. The block masks
+(DPO's shared rows, packed rows) stay as they are built.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+FLASH = {"BACKEND": "FLASH"}
+
+
+def flash_backend(attend: Callable[..., Any]) -> Callable[..., Any]:
+    """transformers' attention function ``attend`` (``flex_attention``), asking FlexAttention for its FLASH
+    backend where the call's ``kernel_options`` name no backend."""
+
+    @functools.wraps(attend)
+    def on_flash(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
+        kwargs["kernel_options"] = {**FLASH, **(kwargs.get("kernel_options") or {})}
+        return attend(module, query, key, value, attention_mask, **kwargs)
+
+    on_flash.flash_backend = True  # type: ignore[attr-defined]
+    return on_flash
+
+
+def use_flash_backend() -> None:
+    """Make transformers' ``flex_attention`` attention function ask for the FLASH backend (once a process)."""
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    current = ALL_ATTENTION_FUNCTIONS["flex_attention"]
+    if not getattr(current, "flash_backend", False):
+        AttentionInterface.register("flex_attention", flash_backend(current))
