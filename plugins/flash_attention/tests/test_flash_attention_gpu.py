@@ -83,14 +83,16 @@ def test_sdpa_runs_flash_attention_4_and_gives_cudnns_values_and_gradients() -> 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _capable(), reason="needs a GPU of compute capability 9.x or 10.x and flash-attn-4")
-def test_flexattentions_flash_backend_keeps_the_block_mask_and_cudnns_accuracy() -> None:
+def test_flexattentions_flash_backend_keeps_the_block_mask_and_its_accuracy() -> None:
     """DPO's shared rows (a prompt, then two answers that each see the prompt and themselves, as
-    ``ktrain_preference.layout`` builds them) through FlexAttention's FLASH backend, what the plugin asks for under
-    FlexAttention: within twice the Triton backend's largest error against fp32 attention with the same mask,
-    plus 1e-3, in the output and each gradient."""
-    from torch.nn.attention.flex_attention import flex_attention
+    ``ktrain_preference.layout`` builds them) through transformers' FlexAttention function as a model layer calls
+    it, with and without the plugin's FLASH backend: within twice the Triton backend's largest error against fp32
+    attention with the same mask, plus 1e-3, in the output and each gradient."""
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from ktrain.data.batches import document_mask
+    from ktrain_flash_attention.flex import use_flash_backend
 
     torch.manual_seed(0)
     prompt, chosen, rejected = 1, 2, 3
@@ -101,22 +103,28 @@ def test_flexattentions_flash_backend_keeps_the_block_mask_and_cudnns_accuracy()
         torch.randn((2, heads, 768, 64), device="cuda", dtype=torch.bfloat16, requires_grad=True)
         for heads in (32, 8, 8)
     ]
-    grad = torch.randn((2, 32, 768, 64), device="cuda", dtype=torch.bfloat16)
-    flex = torch.compile(flex_attention)
+    grad = torch.randn((2, 768, 32, 64), device="cuda", dtype=torch.bfloat16)
+    layer = torch.nn.Module()  # what transformers reads of the attention module: its training flag
 
-    def run(options: dict | None) -> list[torch.Tensor]:
-        if options is None:  # fp32, the boolean mask
+    def run(attend: object | None) -> list[torch.Tensor]:
+        if attend is None:  # fp32, the boolean mask
             wide = [t.float() for t in leaves]
-            out = F.scaled_dot_product_attention(*wide, attn_mask=boolean, enable_gqa=True)
+            out = F.scaled_dot_product_attention(*wide, attn_mask=boolean, enable_gqa=True).transpose(1, 2)
         else:
-            out = flex(*leaves, block_mask=blocks, enable_gqa=True, kernel_options=options)
-        out.backward(grad.float() if options is None else grad)
+            out = attend(layer, *leaves, blocks, scaling=64**-0.5)[0]
+        out.backward(grad.float() if attend is None else grad)
         found = [out.detach().float(), *(t.grad.float() for t in leaves)]
         for t in leaves:
             t.grad = None
         return found
 
+    original = ALL_ATTENTION_FUNCTIONS["flex_attention"]
     exact = run(None)
-    triton = [(got - want).abs().max().item() for got, want in zip(run({}), exact, strict=True)]
-    for got, want, limit in zip(run({"BACKEND": "FLASH"}), exact, triton, strict=True):
+    triton = [(got - want).abs().max().item() for got, want in zip(run(original), exact, strict=True)]
+    try:
+        use_flash_backend()
+        flash = run(ALL_ATTENTION_FUNCTIONS["flex_attention"])
+    finally:
+        AttentionInterface.register("flex_attention", original)
+    for got, want, limit in zip(flash, exact, triton, strict=True):
         assert (got - want).abs().max().item() <= 2 * limit + 1e-3, limit
