@@ -13,13 +13,15 @@
 # WHEELS (the folder of wheels), CONFIGS (names under configs/bench/), PAIRS (PROMPT:ANSWER), PEER (the peer
 # arguments, default --peer trl; empty: ktrain alone), BENCH_ARGS,
 # BENCH_TIMEOUT (s; each config's, cut to what is left of DEADLINE, the seconds from the start for all of them),
+# EXTRA_PATH (':'-separated folders put after /tmp/site on PYTHONPATH: FlashAttention-4's, which
+# tools/device/flash_attention_bench.sh with INSTALL_ONLY=1 installs in an earlier call on the same machine),
 # PROFILE (a config name: profile its ktrain side, no peer) and PROFILE_EACH (non-empty: each config's run also
 # profiles three steps after its timed ones, to $OUT/b/profile_CONFIG.txt) choose what runs.
 set -u
 W=${WHEELS:-.device/dpo_whl}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   "$W"/pluggy-*.whl "$W"/attrs-*.whl "$W"/cattrs-*.whl "$W"/ruamel_yaml-*.whl "$W"/liger_kernel-*.whl "$W"/bitsandbytes-*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site${EXTRA_PATH:+:$EXTRA_PATH} PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s " plugins/*/) > /tmp/pip.txt 2>&1 || tail -5 /tmp/pip.txt
 python3 -m pip install --no-index --find-links "$W" --no-cache-dir trl==1.16.0 > /tmp/trl.txt 2>&1; echo "trl install rc=$?"
 grep -E "^(Successfully|ERROR)" /tmp/trl.txt | cut -c1-600
