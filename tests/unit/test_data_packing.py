@@ -105,7 +105,8 @@ def test_flex_attention_block_mask_allows_what_the_sdpa_mask_allows(tiny: Path) 
 def test_the_document_block_mask_has_create_block_masks_tiles(length: int, prefix: int | None) -> None:
     """The ``BlockMask`` built from the boolean mask's tiles is the one ``create_block_mask`` builds by evaluating the
     mask position by position: the same partial and full tiles, in the same order, for queries and for keys
-    (lengths that are and are not a multiple of 128; documents, and documents that also see a shared prefix)."""
+    (lengths that are and are not a multiple of 128; documents, and documents that also see a shared prefix);
+    every index tensor contiguous, as FlexAttention's FLASH backend takes them."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     documents = torch.randint(0, 4, (3, length), generator=torch.Generator().manual_seed(length)).sort(-1).values
@@ -121,7 +122,7 @@ def test_the_document_block_mask_has_create_block_masks_tiles(length: int, prefi
     tensors = [(a, b) for a, b in zip(built, expected, strict=True) if isinstance(b, torch.Tensor)]
     assert len(tensors) == 8  # kv and q: partial counts and indices, full counts and indices
     for a, b in tensors:
-        assert torch.equal(a, b)
+        assert torch.equal(a, b) and a.is_contiguous()
     assert built[:2] == expected[:2]  # the sequence lengths
 
 

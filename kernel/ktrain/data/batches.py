@@ -207,8 +207,9 @@ def _block_mask(allowed: torch.Tensor, mask_mod: Any) -> Any:
     partial = (counts > 0) & ~full
 
     def ordered(kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """How many tiles of each row of tiles are kept, and their columns first (then the others, in order)."""
-        ones = kept.to(torch.int32)
+        """How many tiles of each row of tiles are kept, and their columns first (then the others, in order);
+        contiguous, as FlexAttention's FLASH backend (FlashAttention-4's kernels) takes them."""
+        ones = kept.to(torch.int32, memory_format=torch.contiguous_format)
         columns = torch.argsort(ones, dim=-1, descending=True, stable=True)
         return ones.sum(-1, dtype=torch.int32), columns.to(torch.int32)
 

@@ -29,8 +29,8 @@ def installed() -> bool:
 
 def _unless(config: Any, capability: tuple[int, int] | None) -> str | None:
     """Why FlashAttention-4 is not the fast default of ``config`` (None: it is)."""
-    if attention(config) != "sdpa":
-        return "the attention is not PyTorch's SDPA"
+    if attention(config) not in ATTENTION:
+        return "the attention is neither PyTorch's SDPA nor FlexAttention"
     if getattr(config, "context_parallel_size", None) not in (None, 1):
         return "context parallelism (its ring attention's calls of the flash kernels were not checked with it)"
     if capability is None or capability[0] not in CAPABILITIES:
@@ -47,11 +47,12 @@ class FlashAttentionKeys:
     flash_attention_4: bool = key(
         False,
         "SDPA's attention without a mask runs FlashAttention-4's kernels (the flash-attn-4 package; GPUs of "
-        "compute capability 9.x and 10.x), in place of cuDNN's and FlashAttention-2's; under FlexAttention, its "
-        "FLASH backend (FlashAttention-4's kernels with the block mask; written true, not a default)",
+        "compute capability 9.x and 10.x), in place of cuDNN's and FlashAttention-2's; FlexAttention in compiled "
+        "blocks, its FLASH backend (FlashAttention-4's kernels with the block mask) in place of its Triton kernels",
         gpu_default=GpuDefault(
             True,
-            "SDPA's causal attention runs FlashAttention-4's kernels: the same computation, rounded differently",
+            "SDPA's causal attention, and FlexAttention in compiled blocks, run FlashAttention-4's kernels: the same "
+            "computation, rounded differently",
             unless=_unless,
         ),
     )

@@ -56,11 +56,11 @@ def _problems(root: Path, device: str | None, capability: tuple[int, int] | None
 
 
 @pytest.mark.usefixtures("found")
-def test_a_hopper_or_blackwell_gpu_with_flash_attn_4_takes_it_under_sdpa(root: Path) -> None:
+def test_a_hopper_or_blackwell_gpu_with_flash_attn_4_takes_it_under_sdpa_and_flexattention(root: Path) -> None:
     assert installed()
     assert _taken(root, (9, 0)) and _taken(root, (10, 0)) and _taken(root, attn_implementation="sdpa")
     assert not _taken(root, (8, 0)) and not _taken(root, (12, 0))  # Ampere, and Blackwell's 12.x
-    assert not _taken(root, attn_implementation="flex_attention")
+    assert _taken(root, attn_implementation="flex_attention") and _taken(root, flex_attention=True)
     assert not _taken(root, attn_implementation="eager")
     assert not _taken(root, device="cpu")
     assert _taken(root, ranks=2) and not _taken(root, ranks=2, context_parallel_size=2)
@@ -114,21 +114,25 @@ def test_the_flash_backend_is_put_first_in_sdpas_priority_order() -> None:
         torch._C._set_sdp_priority_order(before)
 
 
-def test_flexattention_is_asked_for_its_flash_backend_unless_a_call_names_one() -> None:
+def test_flexattention_is_asked_for_its_flash_backend_in_compiled_blocks_unless_a_call_names_one() -> None:
     """transformers' ``flex_attention`` function, once the rank uses the FLASH backend, hands FlexAttention
-    ``BACKEND: FLASH`` and the call's other options; a backend the call names is kept; registering twice wraps
-    once. (FlexAttention's FLASH backend itself runs on the GPU: tests/test_flash_attention_gpu.py.)"""
+    ``BACKEND: FLASH`` and the call's other options where it is compiled; a backend the call names is kept; an
+    uncompiled call is handed on as it came; registering twice wraps once. (FlexAttention's FLASH backend itself
+    runs on the GPU: tests/test_flash_attention_gpu.py.)"""
     from transformers import AttentionInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from ktrain_flash_attention.flex import flash_backend, use_flash_backend
 
-    handed: list[dict] = []
-    attend = flash_backend(lambda module, q, k, v, mask, **kwargs: handed.append(kwargs["kernel_options"]))
-    attend(None, None, None, None, None)
-    attend(None, None, None, None, None, kernel_options={"BLOCK_M": 64})
-    attend(None, None, None, None, None, kernel_options={"BACKEND": "TRITON"})
-    assert handed == [{"BACKEND": "FLASH"}, {"BACKEND": "FLASH", "BLOCK_M": 64}, {"BACKEND": "TRITON"}]
+    def backend(module, q, k, v, mask, **kwargs) -> torch.Tensor:  # the backend asked for, as a number
+        return q + {None: 0, "TRITON": 1, "FLASH": 2}[(kwargs.get("kernel_options") or {}).get("BACKEND")]
+
+    attend = flash_backend(backend)
+    zero = torch.zeros(())
+    compiled = torch.compile(lambda **options: attend(None, zero, None, None, None, **options), backend="eager")
+    assert compiled().item() == 2 and compiled(kernel_options={"BLOCK_M": 64}).item() == 2
+    assert compiled(kernel_options={"BACKEND": "TRITON"}).item() == 1
+    assert attend(None, zero, None, None, None).item() == 0  # uncompiled: Triton's kernels, as transformers asks
     original = ALL_ATTENTION_FUNCTIONS["flex_attention"]
     try:
         use_flash_backend()
