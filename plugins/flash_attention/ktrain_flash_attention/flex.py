@@ -5,7 +5,9 @@ keyword arguments to its FlexAttention function; ``use_flash_backend()`` registe
 functions, that function asking for the FLASH backend unless a call names a backend itself. The block masks
 (DPO's shared rows, packed rows) stay as they are built.
 
-It asks only inside a compiled region (ktrain-plugin-compile's compiled blocks), where the log-sum-exp that
+It asks only for training's forward passes (gradients on: evaluation and generation, whose masks and shapes the
+FLASH backend was not checked with, keep the Triton kernels) inside a compiled region (ktrain-plugin-compile's
+compiled blocks), where the log-sum-exp that
 transformers' function also returns, and the layer drops, stays inside the graph. Called eagerly, transformers
 compiles FlexAttention alone, with the log-sum-exp as an output of its own; its compiled backward then takes a
 gradient of it, which the FLASH backward refuses ("does not support differentiating through logsumexp"), so an
@@ -25,11 +27,11 @@ FLASH = {"BACKEND": "FLASH"}
 
 def flash_backend(attend: Callable[..., Any]) -> Callable[..., Any]:
     """transformers' attention function ``attend`` (``flex_attention``), asking FlexAttention for its FLASH
-    backend where the call is being compiled and its ``kernel_options`` name no backend."""
+    backend where the call is being compiled with gradients on and its ``kernel_options`` name no backend."""
 
     @functools.wraps(attend)
     def on_flash(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() and torch.is_grad_enabled():
             kwargs["kernel_options"] = {**FLASH, **(kwargs.get("kernel_options") or {})}
         return attend(module, query, key, value, attention_mask, **kwargs)
 

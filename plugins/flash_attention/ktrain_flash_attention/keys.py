@@ -48,11 +48,12 @@ class FlashAttentionKeys:
         False,
         "SDPA's attention without a mask runs FlashAttention-4's kernels (the flash-attn-4 package; GPUs of "
         "compute capability 9.x and 10.x), in place of cuDNN's and FlashAttention-2's; FlexAttention in compiled "
-        "blocks, its FLASH backend (FlashAttention-4's kernels with the block mask) in place of its Triton kernels",
+        "blocks, in training, its FLASH backend (FlashAttention-4's kernels with the block mask) in place of its "
+        "Triton kernels",
         gpu_default=GpuDefault(
             True,
-            "SDPA's causal attention, and FlexAttention in compiled blocks, run FlashAttention-4's kernels: the same "
-            "computation, rounded differently",
+            "SDPA's causal attention, and FlexAttention in compiled blocks in training, run FlashAttention-4's "
+            "kernels: the same computation, rounded differently",
             unless=_unless,
         ),
     )

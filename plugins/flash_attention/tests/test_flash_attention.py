@@ -116,8 +116,9 @@ def test_the_flash_backend_is_put_first_in_sdpas_priority_order() -> None:
 
 def test_flexattention_is_asked_for_its_flash_backend_in_compiled_blocks_unless_a_call_names_one() -> None:
     """transformers' ``flex_attention`` function, once the rank uses the FLASH backend, hands FlexAttention
-    ``BACKEND: FLASH`` and the call's other options where it is compiled; a backend the call names is kept; an
-    uncompiled call is handed on as it came; registering twice wraps once. (FlexAttention's FLASH backend itself
+    ``BACKEND: FLASH`` and the call's other options where it is compiled with gradients on; a backend the call
+    names is kept; an uncompiled call, and one without gradients (evaluation, generation), is handed on as it came;
+    registering twice wraps once. (FlexAttention's FLASH backend itself
     runs on the GPU: tests/test_flash_attention_gpu.py.)"""
     from transformers import AttentionInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -133,6 +134,8 @@ def test_flexattention_is_asked_for_its_flash_backend_in_compiled_blocks_unless_
     assert compiled().item() == 2 and compiled(kernel_options={"BLOCK_M": 64}).item() == 2
     assert compiled(kernel_options={"BACKEND": "TRITON"}).item() == 1
     assert attend(None, zero, None, None, None).item() == 0  # uncompiled: Triton's kernels, as transformers asks
+    with torch.no_grad():
+        assert compiled().item() == 0
     original = ALL_ATTENTION_FUNCTIONS["flex_attention"]
     try:
         use_flash_backend()
