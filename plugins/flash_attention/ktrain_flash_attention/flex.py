@@ -7,11 +7,10 @@ functions, that function asking for the FLASH backend unless a call names a back
 
 It asks only for training's forward passes (gradients on: evaluation and generation, whose masks and shapes the
 FLASH backend was not checked with, keep the Triton kernels) inside a compiled region (ktrain-plugin-compile's
-compiled blocks), where the log-sum-exp that
-transformers' function also returns, and the layer drops, stays inside the graph. Called eagerly, transformers
-compiles FlexAttention alone, with the log-sum-exp as an output of its own; its compiled backward then takes a
-gradient of it, which the FLASH backward refuses ("does not support differentiating through logsumexp"), so an
-uncompiled block keeps FlexAttention's Triton kernels.
+compiled blocks), where the log-sum-exp that transformers' function also returns, and the layer drops, stays
+inside the graph. Called eagerly, transformers compiles FlexAttention alone, with the log-sum-exp as an output of
+its own; its compiled backward then takes a gradient of it, which the FLASH backward refuses ("does not support
+differentiating through logsumexp"), so an uncompiled block keeps FlexAttention's Triton kernels.
 """
 
 from __future__ import annotations

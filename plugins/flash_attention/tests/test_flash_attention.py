@@ -118,8 +118,8 @@ def test_flexattention_is_asked_for_its_flash_backend_in_compiled_blocks_unless_
     """transformers' ``flex_attention`` function, once the rank uses the FLASH backend, hands FlexAttention
     ``BACKEND: FLASH`` and the call's other options where it is compiled with gradients on; a backend the call
     names is kept; an uncompiled call, and one without gradients (evaluation, generation), is handed on as it came;
-    registering twice wraps once. (FlexAttention's FLASH backend itself
-    runs on the GPU: tests/test_flash_attention_gpu.py.)"""
+    registering twice wraps once. (FlexAttention's FLASH backend itself runs on the GPU:
+    tests/test_flash_attention_gpu.py.)"""
     from transformers import AttentionInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
