@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 import transformers
-from transformers.quantizers import AutoQuantizationConfig
 
 from ktrain import hookimpl
 from ktrain.builtin.checkpointing import Recompute, apply_checkpointing
@@ -120,6 +119,8 @@ def config_overrides(config: Any) -> dict[str, Any]:
                 f"model_config.{unknown[0]}", f"the model's config ({type(known).__name__}) has no such setting"
             )
     if isinstance(overrides.get("quantization_config"), dict):
+        from transformers.quantizers import AutoQuantizationConfig  # transformers' every quantizer: imported when used
+
         overrides["quantization_config"] = AutoQuantizationConfig.from_dict(overrides["quantization_config"])
     return overrides
 
