@@ -4,6 +4,7 @@
 #   bash tools/device/carried_wheels.sh axolotl   # .device/axolotl_whl (55 MB): tools/device/axolotl_bench.sh
 #   bash tools/device/carried_wheels.sh fa4       # .device/fa4_a (42 MB), .device/fa4_b (41 MB): flash_attention_bench.sh
 #   bash tools/device/carried_wheels.sh dpo       # .device/dpo_whl: tools/device/dpo_bench.sh
+#   bash tools/device/carried_wheels.sh fp8       # .device/fp8_whl: tools/device/fp8_bench.sh
 # FlashAttention-4 is two calls on one machine: the first copies fa4_a's piece to the device's /tmp, the second
 # carries fa4_b and installs (FA4_WHEELS=.device/fa4_b CUTLASS_LIBS="/tmp/fa4parts/cu12.part.aa
 # .device/fa4_b/cu12.part.ab"); the machine must still be warm (about 30 s between calls).
@@ -42,8 +43,13 @@ case "${1:-}" in
     pip download "${TAGS[@]}" -d "$out" "${KTRAIN[@]}" bitsandbytes==0.50.2 trl==1.16.0 datasets==4.8.5 dill \
       multiprocess xxhash fsspec==2026.2.0
     ;;
+  fp8)
+    out=.device/fp8_whl
+    mkdir -p "$out"
+    pip download "${TAGS[@]}" -d "$out" "${KTRAIN[@]}" torchao==0.17.0
+    ;;
   *)
-    echo "usage: bash tools/device/carried_wheels.sh axolotl|fa4|dpo" >&2
+    echo "usage: bash tools/device/carried_wheels.sh axolotl|fa4|dpo|fp8" >&2
     exit 2
     ;;
 esac

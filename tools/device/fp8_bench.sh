@@ -6,11 +6,14 @@
 #   cattrs, liger-kernel, ruamel.yaml (the fsdp plugin's, for the packed config) and torchao 0.17.0, the torchao
 #   release built against torch 2.11; the device returns about 8 files from $OUT, so the install log and env are
 #   printed, not kept)
-# WHEELS (the folder of wheels), PARTS (shape, packed, curve, profile, levers), BENCH_ARGS, BENCH_TIMEOUT (s),
-# LEVERS_ARGS, LEVERS_TIMEOUT (s) choose what runs; levers: plugins/fp8/benchmarks/levers.py (what each float8 lever is worth).
+# WHEELS (the folder of wheels), EXTRA_PATH (':'-separated folders put after /tmp/site on PYTHONPATH:
+# FlashAttention-4's, which tools/device/flash_attention_bench.sh with INSTALL_ONLY=1 installs in an earlier call
+# on the same machine), PARTS (shape, tensorwise (shape without rowwise), packed, curve, profile, levers),
+# BENCH_ARGS, BENCH_TIMEOUT (s), LEVERS_ARGS, LEVERS_TIMEOUT (s) choose what runs; levers:
+# plugins/fp8/benchmarks/levers.py (what each float8 lever is worth).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.device/fp8_whl}"/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site${EXTRA_PATH:+:$EXTRA_PATH} PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s " plugins/*/) > /tmp/pip.txt 2>&1 || tail -5 /tmp/pip.txt
 mkdir -p "$OUT/b"
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
@@ -22,8 +25,8 @@ bench() {  # NAME CONFIG ARGS...: one `ktrain bench`, its report in $OUT/b/NAME.
 }
 for part in ${PARTS:-shape packed}; do
   case $part in
-    shape) bench bf16 llama_1p5b_fused_loss_master; bench fp8_tensorwise llama_1p5b_fp8_master
-           bench fp8_rowwise llama_1p5b_fp8_master --set fp8_recipe=rowwise ;;
+    shape|tensorwise) bench bf16 llama_1p5b_fused_loss_master; bench fp8_tensorwise llama_1p5b_fp8_master
+           [ "$part" = tensorwise ] || bench fp8_rowwise llama_1p5b_fp8_master --set fp8_recipe=rowwise ;;
     packed) bench packed_bf16 llama_1p5b_packed --lengths 256:2048; bench packed_fp8 llama_1p5b_packed_fp8 --lengths 256:2048 ;;
     profile) bench profile_fp8 llama_1p5b_fp8_master --profile "$OUT/b/profile_fp8.json.gz"
              python tools/device/trace_summary.py "$OUT/b/profile_fp8.json.gz" > "$OUT/b/profile_fp8.txt" 2>&1; head -30 "$OUT/b/profile_fp8.txt" ;;
