@@ -5,6 +5,8 @@ bad patterns, an adapter beside them and a config setting the model lacks stop t
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import types
 
 import pytest
@@ -65,3 +67,15 @@ def test_revision_of_model_is_read_and_has_nothing_to_choose_in_a_local_folder(t
     assert plan.config.revision_of_model == "6299b5a"
     notes = {str(p.path): p.message for p in plan.warnings}
     assert notes["revision_of_model"] == "base_model is a local folder, which has no revisions: not used"
+
+
+def test_the_model_loader_imports_no_quantization_library_until_a_quantization_config_is_built() -> None:
+    """The launcher imports the kernel's model loader with the built-in hooks on every run. transformers'
+    quantizers import each installed quantization library: torchao, and torch._dynamo with it, about a second
+    of CPU before the first rank starts, and torchao's messages about its CUDA kernels on a CPU build."""
+    script = (
+        "import sys, ktrain.builtin.hf_model; "
+        "print([m for m in ('transformers.quantizers', 'torchao') if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
