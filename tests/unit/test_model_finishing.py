@@ -1,7 +1,8 @@
 """Axolotl's model keys applied as the kernel builds and readies the model: ``model_config`` changes the
 model's config, ``unfrozen_parameters`` leaves only the matching parameters trainable (a period literal,
 matched from the name's start), ``resize_token_embeddings_to_32x`` grows the embeddings to a multiple of 32;
-bad patterns, an adapter beside them and a config setting the model lacks stop the run naming the key."""
+bad patterns, an adapter beside them and a config setting the model lacks stop the run naming the key. The
+model loader, which the launcher imports too, imports transformers' quantizers only to build a quantization config."""
 
 from __future__ import annotations
 
