@@ -84,13 +84,18 @@ def launch(args: argparse.Namespace) -> int:
         if plan.mesh.world_size == 1 and args.nnodes == 1 and not args.max_restarts:
             code = _run_here(run_dir, args.resume)
         else:
-            code = _data_before_ranks(run_dir, plan.mesh.world_size)
-            if code == EXIT_OK:
-                worker = ["ktrain.run.worker", str(run_dir), *(["--resume"] if args.resume else [])]
-                preload = tuple(
-                    act.obj.partition(":")[0] for act in plan.plugins.activations if isinstance(act.obj, str)
-                )
-                code = run_ranks(plan.mesh.world_size // args.nnodes, args, worker, run_dir, preload)
+            from ktrain.run.forked import start_server, stop_server
+
+            nproc = plan.mesh.world_size // args.nnodes
+            preload = tuple(act.obj.partition(":")[0] for act in plan.plugins.activations if isinstance(act.obj, str))
+            start_server(nproc, preload)  # its imports overlap the tokenizing below
+            try:
+                code = _data_before_ranks(run_dir, plan.mesh.world_size)
+                if code == EXIT_OK:
+                    worker = ["ktrain.run.worker", str(run_dir), *(["--resume"] if args.resume else [])]
+                    code = run_ranks(nproc, args, worker, run_dir, preload)
+            finally:
+                stop_server()
         if code == EXIT_BAD_INPUT and not args.node_rank:  # the first machine's launcher owns the folder
             before.restore()
         elif code > 128:
@@ -195,14 +200,17 @@ def _start_forked(parsed: argparse.Namespace, worker: list[str], preload: tuple[
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args
 
-    from ktrain.run.forked import rank_entry, start_server
+    from ktrain.run.forked import rank_entry, start_server, stop_server
 
     if parsed.standalone:  # as torchrun's own: a rendezvous on a free port of this machine
         parsed.rdzv_backend, parsed.rdzv_endpoint, parsed.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     config, _, _ = config_from_args(parsed)
     config.start_method = "forkserver"
-    start_server(preload)
-    elastic_launch(config=config, entrypoint=rank_entry)(*worker)
+    start_server(config.nproc_per_node, preload)  # unless ``launch`` started it already
+    try:
+        elastic_launch(config=config, entrypoint=rank_entry)(*worker)
+    finally:
+        stop_server()
 
 
 def run_ranks(
@@ -253,7 +261,6 @@ def run_ranks(
     else:
         argv += ["--standalone"]
     argv += ["-m", *worker]
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     quiet_agent()
     try:
         _start_forked(get_args_parser().parse_args(argv), worker, preload)

@@ -3,9 +3,10 @@ modules named in ``KTRAIN_PRELOAD`` with the process's output sent nowhere, so t
 messages do not reach the terminal once more (each rank's log has its own start). A module that fails to
 import is left for the rank, which imports it again and reports the error where it belongs.
 
-The fork server ignores the signals a terminal or a scheduler sends the whole process group (SIGINT it
-ignores itself): the agent learns of its ranks' ends through it, so it must outlive them while they finish
-and save their step; it ends when the launcher does. Each rank sets these signals' handlers at its start.
+The fork server ignores the signals a terminal or a scheduler sends the whole process group, from before
+its imports (a Ctrl-C while it imports ends the launcher, and so the fork server, with no traceback): the
+agent learns of its ranks' ends through it, so it must outlive them while they finish and save their step;
+the launcher ends it (``stop_server``). Each rank sets these signals' handlers at its start.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import os
 import signal
 import sys
 
-STOPPING = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT)
-"""The signals the fork server ignores, besides SIGINT."""
+IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT)
+"""The signals the fork server ignores."""
 
 
 def _import_quietly(modules: list[str]) -> None:
@@ -40,6 +41,6 @@ def _import_quietly(modules: list[str]) -> None:
         os.close(null)
 
 
-for _signum in STOPPING:
+for _signum in IGNORED:
     signal.signal(_signum, signal.SIG_IGN)
 _import_quietly([name for name in os.environ.get("KTRAIN_PRELOAD", "").split(",") if name])

@@ -3,9 +3,10 @@
 A rank started as ``python -m MODULE`` imports torch, transformers and the plugins itself: about five
 seconds of CPU per rank, paid again by every rank of a machine at the same moment. ``ktrain run`` starts
 its ranks instead from a fork server that imported them once (``PRELOAD``), so a rank begins where the
-imports end. The fork server is a single-threaded process of its own, started before the first rank, with
-the launcher's environment at that moment; it never touches a device, so each rank sets up CUDA and its
-process group itself, as a fresh process does.
+imports end. The fork server is a single-threaded process of its own, started once the launcher has
+prepared the run directory (it imports while the launcher tokenizes), with the launcher's environment at
+that moment; it never touches a device, so each rank sets up CUDA and its process group itself, as a fresh
+process does. The launcher kills it when its ranks have ended or will not start (``stop_server``).
 
 ``rank_entry`` is what a forked rank runs: the same ``main(argv)`` of the worker module that ``python -m``
 would run, with the same exit codes (a stopped rank 130/143/138, bad input 2), the same error file for
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import sys
@@ -33,12 +35,31 @@ PRELOAD = ("ktrain.run.worker", "ktrain.run.trainer", "transformers", "transform
 """What every rank imports: the kernel's rank side and transformers' model machinery."""
 
 
-def start_server(extra: tuple[str, ...] = ()) -> None:
-    """Have multiprocessing's fork server import ``PRELOAD`` and ``extra`` (the runtime modules of the
-    run's plugins) when it starts; it starts with the first rank, from this process's environment then."""
+def start_server(nproc: int, extra: tuple[str, ...] = ()) -> None:
+    """Start multiprocessing's fork server for ``nproc`` ranks of this machine, importing ``PRELOAD`` and
+    ``extra`` (the runtime modules of the run's plugins), unless it runs already.
+
+    It starts now, from this process's environment now, and imports while this process goes on (the launcher
+    tokenizes meanwhile); the first rank's fork waits for the imports to end. ``OMP_NUM_THREADS`` is set here
+    when the user did not: each rank's share of this machine's cores, read once when torch loads."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     os.environ[PRELOAD_ENV] = ",".join(dict.fromkeys((*PRELOAD, *extra)))
     os.environ[AGENT_PID_ENV] = str(os.getpid())
     multiprocessing.set_forkserver_preload([f"{__package__}.fork_server"])
+    multiprocessing.forkserver.ensure_running()
+
+
+def stop_server() -> None:
+    """End the fork server ``start_server`` started, if it runs: its ranks have ended, or will not start.
+
+    Killed, not asked: asked (its pipe closed), it finishes its imports first and then the interpreter's
+    teardown, about a second with torch and transformers loaded; all that time it holds the run's output
+    stream open, so a caller reading that to its end (a script, a test) waits after the run has ended."""
+    server = multiprocessing.forkserver._forkserver  # the module's one server; ``_stop`` closes its pipe and reaps it
+    if server._forkserver_pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server._forkserver_pid, signal.SIGKILL)
+        server._stop()
 
 
 def _stopped_while_starting(signum: int, frame: FrameType | None) -> None:

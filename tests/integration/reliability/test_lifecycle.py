@@ -92,6 +92,34 @@ def test_bad_data_found_on_a_rank_is_one_line_and_exit_2(root: Path, ranks: int)
     assert not (root / "out").exists()
 
 
+@pytest.mark.parametrize("data", ["good", "bad"])
+def test_a_two_rank_runs_output_ends_when_its_launcher_does(root: Path, data: str) -> None:
+    """Once the launcher of a two-rank run has exited, no process of the run holds its output: a caller that
+    reads it to its end (a script, a test) waits no longer. The fork server, which imports while the launcher
+    tokenizes, is ended whether the ranks ran or bad data stopped the run before them."""
+    if data == "bad":
+        (root / "train.jsonl").write_text("{not json\n")
+    config = write_config(root, max_steps=2)
+    read_end, write_end = os.pipe()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "ktrain.cli", "run", str(config), *TWO]
+    process = subprocess.Popen(command, stdout=write_end, stderr=write_end, env=env)
+    os.close(write_end)
+    os.set_blocking(read_end, False)
+    output = b""
+    while process.poll() is None:  # drained meanwhile, so that the launcher never blocks on a full pipe
+        if select.select([read_end], [], [], 1)[0]:
+            output += os.read(read_end, 65536)
+    try:
+        while chunk := os.read(read_end, 65536):
+            output += chunk
+    except BlockingIOError:
+        pytest.fail(f"the output is still open after the launcher exited:\n{output.decode()[-3000:]}")
+    finally:
+        os.close(read_end)
+    assert process.returncode == (0 if data == "good" else 2), output.decode()[-3000:]
+
+
 def test_too_few_rows_for_a_global_batch_is_bad_input(root: Path) -> None:
     """Found on the rank once the data is read: exit 2 naming ``datasets``, no traceback."""
     dataset(root, 3)
