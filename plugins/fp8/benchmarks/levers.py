@@ -11,7 +11,13 @@ copy of the same weights with torchao's float8 layers:
 - ``+fast-accum``: the default plan with the backward's products accumulated the fast way too (torchao keeps
   fast accumulation for the forward only);
 - ``+pow2``: the default plan with scales rounded down to powers of two;
-- ``+kv+fast-accum``: both.
+- ``+kv+fast-accum``: both;
+- ``+delayed``: the default plan's layers, cast with scales known before the cast (``DelayedLinear`` here, not
+  torchao's: torchao deleted its delayed scaling), so the cast needs no absolute-maximum pass before it; each
+  cast tensor's absolute maximum is still computed for the next step, beside the cast (for the output
+  gradient, handed to the backward of a sink tensor). Timing only: the scales come from one calibrating step
+  and are not updated;
+- ``+delayed+fast-accum``: that, with fast accumulation in the backward's products too.
 
 Part 2, the output layer (16,384 tokens x hidden 2048 x vocab 128,256): its three products (logits, the hidden
 states' gradient, the weight's gradient) in bf16, and in float8 with tensorwise scales (e4m3 hidden states and
@@ -46,7 +52,8 @@ from ktrain.bench.device import DeviceMonitor
 from ktrain_fp8.plan import conversion_plan
 
 SHAPE = Path(__file__).resolve().parents[3] / "configs/bench/llama_1p5b"
-VARIANTS = ("bf16", "tensorwise", "+kv", "+fast-accum", "+pow2", "+kv+fast-accum")
+VARIANTS = ("bf16", "tensorwise", "+kv", "+fast-accum", "+pow2", "+kv+fast-accum", "+delayed", "+delayed+fast-accum")
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
 def timed(name: str, step: Callable[[], None], steps: int, warmup: int, flops: float) -> None:
@@ -87,6 +94,75 @@ def block_variant(name: str) -> tuple[Float8LinearConfig, bool] | None:
     return settings, "kv" not in name
 
 
+def _cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    limit = torch.finfo(dtype).max
+    return (x.float() * scale).clamp(-limit, limit).to(dtype)
+
+
+class _DelayedMatmul(torch.autograd.Function):
+    """``x @ weight.t()`` in float8 with the scales given (``scales``: x, weight, output gradient); the forward
+    returns the absolute maxima of x and the weight too, the backward hands the output gradient's to ``sink``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, sink, scales, fast_backward):
+        del sink
+        x2 = x.reshape(-1, x.shape[-1])
+        x8, w8 = _cast(x2, scales[0], E4M3), _cast(weight, scales[1], E4M3)
+        inverse = scales.reciprocal()
+        y = torch._scaled_mm(
+            x8, w8.t(), scale_a=inverse[0], scale_b=inverse[1], out_dtype=torch.bfloat16, use_fast_accum=True
+        )
+        ctx.save_for_backward(x8, w8, scales)
+        ctx.fast_backward, ctx.shape = fast_backward, x.shape
+        amax = torch.stack([x2.abs().amax(), weight.abs().amax()]).float()
+        ctx.mark_non_differentiable(amax)
+        return y.view(*x.shape[:-1], -1), amax
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        x8, w8, scales = ctx.saved_tensors
+        inverse = scales.reciprocal()
+        g = grad.reshape(-1, grad.shape[-1])
+        g8 = _cast(g, scales[2], E5M2)
+        mm = functools.partial(torch._scaled_mm, out_dtype=torch.bfloat16, use_fast_accum=ctx.fast_backward)
+        grad_x = mm(g8, w8.t().contiguous().t(), scale_a=inverse[2], scale_b=inverse[1])
+        grad_w = mm(g8.t().contiguous(), x8.t().contiguous().t(), scale_a=inverse[2], scale_b=inverse[0])
+        return grad_x.view(ctx.shape), grad_w, g.abs().amax().float(), None, None
+
+
+class DelayedLinear(torch.nn.Module):
+    """A bias-free linear layer in float8 with scales set before the step (``calibrate``), not from the tensor."""
+
+    def __init__(self, linear: torch.nn.Linear, fast_backward: bool):
+        super().__init__()
+        self.weight, self.fast_backward = linear.weight, fast_backward
+        self.sink = torch.nn.Parameter(torch.zeros((), device=linear.weight.device))
+        self.register_buffer("scales", torch.ones(3, device=linear.weight.device))
+        self.register_buffer("amax", torch.ones(3, device=linear.weight.device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, amax = _DelayedMatmul.apply(x, self.weight, self.sink, self.scales, self.fast_backward)
+        self.amax[:2].copy_(amax)
+        return y
+
+    def calibrate(self) -> None:
+        """Scales from the absolute maxima of the last step: x's and the weight's, and the output gradient's."""
+        self.amax[2] = self.sink.grad if self.sink.grad is not None else 1.0
+        limits = torch.tensor([torch.finfo(E4M3).max, torch.finfo(E4M3).max, torch.finfo(E5M2).max])
+        self.scales.copy_(limits.to(self.amax.device) / self.amax.clamp(min=1e-12))
+
+
+def _delayed(model: torch.nn.Module, names: set[str], fast_backward: bool) -> list[DelayedLinear]:
+    """Swap the layers ``names`` of ``model`` for ``DelayedLinear``; return them."""
+    swapped = []
+    for name in names:
+        parent, _, leaf = name.rpartition(".")
+        layer = DelayedLinear(getattr(model.get_submodule(parent), leaf), fast_backward)
+        setattr(model.get_submodule(parent), leaf, layer)
+        swapped.append(layer)
+    return swapped
+
+
 def blocks(args: argparse.Namespace) -> None:
     """Part 1: the backbone's forward + backward under each variant."""
     config = transformers.AutoConfig.from_pretrained(SHAPE)
@@ -104,7 +180,12 @@ def blocks(args: argparse.Namespace) -> None:
         model = copy.deepcopy(base)
         chosen = block_variant(name)
         label = name
-        if chosen is not None:
+        delayed: list[DelayedLinear] = []
+        if "delayed" in name:
+            names = set(conversion_plan(model, "tensorwise", (), True).converted)
+            delayed = _delayed(model, names, "fast-accum" in name)
+            label = f"{name} ({len(names)} layers)"
+        elif chosen is not None:
             settings, skip_small = chosen
             plan = conversion_plan(model, "tensorwise", (), skip_small)
             names = set(plan.converted)
@@ -119,7 +200,15 @@ def blocks(args: argparse.Namespace) -> None:
             for p in model.parameters():
                 p.grad = None
 
+        if delayed:  # one step to calibrate the scales on; then the variant is timed like the others
+            hidden = model(input_ids=ids).last_hidden_state
+            hidden.float().square().mean().backward()
+            for layer in delayed:
+                layer.calibrate()
+            step()
         timed(label, step, args.steps, args.warmup, flops)
+        if delayed:
+            print(f"  last block's output gradient scale: {delayed[0].scales[2].item():.3g}", flush=True)
         del model
 
 
