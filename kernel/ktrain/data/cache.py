@@ -120,7 +120,7 @@ def _write_table(table: TokenTable, path: Path) -> None:
 
 def _view(array: Any, dtype: type[np.generic]) -> np.ndarray:
     """``array``, an Arrow array of ``dtype`` without nulls, as a read-only NumPy array over the same memory.
-    pyarrow's own ``to_numpy`` imports pandas, which took a third of a second of every rank's start."""
+    pyarrow's own ``to_numpy`` imports pandas, which nothing else in a rank needs."""
     return np.frombuffer(
         array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * np.dtype(dtype).itemsize
     )

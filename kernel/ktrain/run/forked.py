@@ -53,8 +53,8 @@ def stop_server() -> None:
     """End the fork server ``start_server`` started, if it runs: its ranks have ended, or will not start.
 
     Killed, not asked: asked (its pipe closed), it finishes its imports first and then the interpreter's
-    teardown, about a second with torch and transformers loaded; all that time it holds the run's output
-    stream open, so a caller reading that to its end (a script, a test) waits after the run has ended."""
+    teardown with torch and transformers loaded; all that time it holds the run's output stream open, so a
+    caller reading that to its end (a script, a test) waits after the run has ended."""
     server = multiprocessing.forkserver._forkserver  # the module's one server; ``_stop`` closes its pipe and reaps it
     if server._forkserver_pid is not None:
         with contextlib.suppress(ProcessLookupError):
