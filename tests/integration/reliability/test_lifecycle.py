@@ -103,14 +103,24 @@ def test_no_process_of_a_two_rank_run_outlives_its_launcher(root: Path, data: st
     process = _start_in_own_group(("run", str(config), *TWO), root / "run.log")
     code = process.wait(timeout=300)
     left = _processes_started_by(process.pid)
+    deadline = time.monotonic() + TRACKER_EXIT_S  # the tracker exits once the launcher's end closed its pipe
+    while any(RESOURCE_TRACKER in c for c in left) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [c for c in left if RESOURCE_TRACKER not in c] + _processes_started_by(process.pid, RESOURCE_TRACKER)
     text = (root / "run.log").read_text()
     assert code == (0 if data == "good" else 2), text[-3000:]
     assert not left, f"left running after the launcher exited: {left}"
 
 
-def _processes_started_by(launcher: int) -> list[str]:
-    """The command lines of the live processes whose environment names ``launcher`` as the run's agent
-    (``KTRAIN_AGENT_PID``): the fork server and the ranks forked from it."""
+RESOURCE_TRACKER = "multiprocessing.resource_tracker"
+"""In the command line of multiprocessing's resource tracker, the launcher's helper that ends itself when it reads
+the end of its pipe, that is once the launcher has exited; it holds no model and ends within moments."""
+TRACKER_EXIT_S = 5.0
+
+
+def _processes_started_by(launcher: int, named: str = "") -> list[str]:
+    """The command lines (those holding ``named``) of the live processes whose environment names ``launcher`` as
+    the run's agent (``KTRAIN_AGENT_PID``): the fork server, the ranks forked from it, the resource tracker."""
     found = []
     for folder in Path("/proc").glob("[0-9]*"):
         try:
@@ -118,7 +128,7 @@ def _processes_started_by(launcher: int) -> list[str]:
                 found.append((folder / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200])
         except OSError:  # ended meanwhile, or not ours to read
             continue
-    return found
+    return [c for c in found if named in c]
 
 
 def test_too_few_rows_for_a_global_batch_is_bad_input(root: Path) -> None:
