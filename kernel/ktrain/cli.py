@@ -307,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         from ktrain.run.hard_exit import end_process
 
-        end_process(code)
+        end_process(code, finalize_multiprocessing=True)
     return code
 
 

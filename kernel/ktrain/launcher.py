@@ -22,6 +22,7 @@ import argparse
 import os
 import signal
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -260,36 +261,37 @@ def run_ranks(
         ]
     else:
         argv += ["--standalone"]
-    argv += ["-m", *worker]
     quiet_agent()
-    try:
-        _start_forked(get_args_parser().parse_args(argv), worker, preload)
-    except SignalException as e:  # SIGINT/SIGTERM to the launcher: the agent passed it on and the ranks stopped
-        return 128 + int(e.sigval)
-    except RendezvousError as e:  # another machine is gone (it held the rendezvous) or never came
-        error = " ".join(str(e).split())
-        print(
-            f"ktrain: the rendezvous at {args.rdzv_endpoint} failed: another machine of the run stopped or cannot be "
-            f"reached; this machine's ranks were stopped.\n  first error: {type(e).__name__}: {error}",
-            file=sys.stderr,
-        )
-        return EXIT_FAILED
-    except ChildFailedError as e:
-        rank, failure = _cause(e.failures)
-        if outcome.is_bad_input(failure):
-            print(f"ktrain: {failure.message['message']}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        if failure.exitcode in STOPPED[1:]:  # the ranks, not the launcher, were sent the signal
-            return failure.exitcode
-        message = failure.message if os.path.isfile(failure.error_file) else _no_message(failure.exitcode)
-        if isinstance(message, dict):
-            message = message.get("message", message)
-        print(
-            f"ktrain: rank {rank} failed (exit code {failure.exitcode}); the other ranks were stopped.\n"
-            f"  first error: {str(message).strip().splitlines()[-1]}",
-            file=sys.stderr,
-        )
-        if run_dir is not None and console.log_path(run_dir, rank).is_file():
-            print(f"  its output and traceback: {console.log_path(run_dir, rank)}", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
+    with tempfile.TemporaryDirectory(prefix="ktrain-agent-") as agent_files:  # the ranks' error files, read below
+        argv += ["--log-dir", agent_files, "-m", *worker]
+        try:
+            _start_forked(get_args_parser().parse_args(argv), worker, preload)
+        except SignalException as e:  # SIGINT/SIGTERM to the launcher: the agent passed it on and the ranks stopped
+            return 128 + int(e.sigval)
+        except RendezvousError as e:  # another machine is gone (it held the rendezvous) or never came
+            error = " ".join(str(e).split())
+            print(
+                f"ktrain: the rendezvous at {args.rdzv_endpoint} failed: another machine of the run stopped or "
+                f"cannot be reached; this machine's ranks were stopped.\n  first error: {type(e).__name__}: {error}",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+        except ChildFailedError as e:
+            rank, failure = _cause(e.failures)
+            if outcome.is_bad_input(failure):
+                print(f"ktrain: {failure.message['message']}", file=sys.stderr)
+                return EXIT_BAD_INPUT
+            if failure.exitcode in STOPPED[1:]:  # the ranks, not the launcher, were sent the signal
+                return failure.exitcode
+            message = failure.message if os.path.isfile(failure.error_file) else _no_message(failure.exitcode)
+            if isinstance(message, dict):
+                message = message.get("message", message)
+            print(
+                f"ktrain: rank {rank} failed (exit code {failure.exitcode}); the other ranks were stopped.\n"
+                f"  first error: {str(message).strip().splitlines()[-1]}",
+                file=sys.stderr,
+            )
+            if run_dir is not None and console.log_path(run_dir, rank).is_file():
+                print(f"  its output and traceback: {console.log_path(run_dir, rank)}", file=sys.stderr)
+            return EXIT_FAILED
+        return EXIT_OK

@@ -22,6 +22,7 @@ import multiprocessing.forkserver
 import os
 import signal
 import sys
+import tempfile
 import traceback
 from types import FrameType
 
@@ -33,6 +34,10 @@ AGENT_PID_ENV = "KTRAIN_AGENT_PID"
 """The launcher's process id (the elastic agent), which a forked rank's parent (the fork server) is not."""
 PRELOAD = ("ktrain.run.worker", "ktrain.run.trainer", "transformers", "transformers.modeling_utils")
 """What every rank imports: the kernel's rank side and transformers' model machinery."""
+SOCKET_PATH_MAX = 107
+"""The bytes of a Unix socket's path on Linux (``sun_path`` holds 108, with the terminating zero)."""
+SOCKET_NAME_ROOM = 32
+"""What multiprocessing adds to the temporary folder for the fork server's socket: a folder and the socket's name."""
 
 
 def start_server(nproc: int, extra: tuple[str, ...] = ()) -> None:
@@ -46,7 +51,21 @@ def start_server(nproc: int, extra: tuple[str, ...] = ()) -> None:
     os.environ[PRELOAD_ENV] = ",".join(dict.fromkeys((*PRELOAD, *extra)))
     os.environ[AGENT_PID_ENV] = str(os.getpid())
     multiprocessing.set_forkserver_preload([f"{__package__}.fork_server"])
-    multiprocessing.forkserver.ensure_running()
+    chosen = tempfile.tempdir
+    tempfile.tempdir = _socket_folder(tempfile.gettempdir())  # where multiprocessing makes the socket's folder
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        tempfile.tempdir = chosen
+
+
+def _socket_folder(folder: str) -> str:
+    """``folder`` (the temporary folder, ``TMPDIR``), or where its path is too long for the fork server's socket
+    in it (a cluster's per-job folder can be), the first writable one of the system's short temporary folders."""
+    if len(os.fsencode(folder)) + SOCKET_NAME_ROOM <= SOCKET_PATH_MAX:
+        return folder
+    short = (f for f in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(f) and os.access(f, os.W_OK | os.X_OK))
+    return next(short, folder)
 
 
 def stop_server() -> None:

@@ -17,8 +17,14 @@ import sys
 from typing import NoReturn
 
 
-def end_process(code: int) -> NoReturn:
-    """Flush the output streams and logging, then exit with ``code`` at once (``os._exit``)."""
+def end_process(code: int, *, finalize_multiprocessing: bool = False) -> NoReturn:
+    """Flush the output streams and logging, then exit with ``code`` at once (``os._exit``).
+
+    ``finalize_multiprocessing`` first runs what multiprocessing runs at the interpreter's exit: it removes its
+    temporary folder (where the fork server's socket was) and unlinks its named semaphores. The launcher asks
+    for it; a rank does not (there a queue's finalizer may wait on its feeder thread)."""
+    if finalize_multiprocessing and "multiprocessing.util" in sys.modules:
+        sys.modules["multiprocessing.util"]._run_finalizers()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe (`ktrain hooks | head`), a closed stream

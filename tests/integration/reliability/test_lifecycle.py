@@ -9,9 +9,11 @@ import json
 import os
 import pty
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -71,9 +73,10 @@ def _latest_saved(out: Path) -> int:
     return max((int(n.removeprefix("step-")) for n in names if n.removeprefix("step-").isdigit()), default=0)
 
 
-def _start_in_own_group(args: tuple[str, ...], log: Path) -> subprocess.Popen:
-    """``ktrain ARGS`` as the leader of its own process group, as a shell starts a command."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "KTRAIN_PG_TIMEOUT_S": "10"}
+def _start_in_own_group(args: tuple[str, ...], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``ktrain ARGS`` as the leader of its own process group, as a shell starts a command (``env`` added to the
+    environment)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "KTRAIN_PG_TIMEOUT_S": "10", **(env or {})}
     with open(log, "w") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "ktrain.cli", *args], stdout=out, stderr=out, env=env, start_new_session=True
@@ -92,15 +95,19 @@ def test_bad_data_found_on_a_rank_is_one_line_and_exit_2(root: Path, ranks: int)
     assert not (root / "out").exists()
 
 
-@pytest.mark.parametrize("data", ["good", "bad"])
-def test_no_process_of_a_two_rank_run_outlives_its_launcher(root: Path, data: str) -> None:
+@pytest.mark.parametrize(("data", "tmpdir"), [("good", "short"), ("bad", "short"), ("good", "long")])
+def test_no_process_of_a_two_rank_run_outlives_its_launcher(root: Path, data: str, tmpdir: str) -> None:
     """Once the launcher of a two-rank run has exited, no process it started for the run is left: not the fork
     server, which imports while the launcher tokenizes and holds the run's output open (a caller reading that to
-    its end, a script or a test, would wait for it), whether the ranks ran or bad data stopped the run first."""
+    its end, a script or a test, would wait for it), whether the ranks ran or bad data stopped the run first; and
+    nothing is left in the temporary folder (``TMPDIR``): not the agent's folder of the ranks' error files, not
+    multiprocessing's folder of the fork server's socket (torch's compile cache, kept on purpose, may be there).
+    A temporary folder too long for that socket's path (a cluster's per-job folder can be) does not stop the run."""
     if data == "bad":
         (root / "train.jsonl").write_text("{not json\n")
     config = write_config(root, max_steps=2)
-    process = _start_in_own_group(("run", str(config), *TWO), root / "run.log")
+    tmp = Path(tempfile.mkdtemp(prefix="kt-" + "x" * 90 * (tmpdir == "long")))  # a socket's path: 108 bytes at most
+    process = _start_in_own_group(("run", str(config), *TWO), root / "run.log", {"TMPDIR": str(tmp)})
     code = process.wait(timeout=300)
     left = _processes_started_by(process.pid)
     deadline = time.monotonic() + TRACKER_EXIT_S  # the tracker exits once the launcher's end closed its pipe
@@ -110,6 +117,9 @@ def test_no_process_of_a_two_rank_run_outlives_its_launcher(root: Path, data: st
     text = (root / "run.log").read_text()
     assert code == (0 if data == "good" else 2), text[-3000:]
     assert not left, f"left running after the launcher exited: {left}"
+    left_files = [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_")]  # a cache
+    shutil.rmtree(tmp)
+    assert not left_files, f"left in the temporary folder: {left_files}"
 
 
 RESOURCE_TRACKER = "multiprocessing.resource_tracker"
