@@ -45,12 +45,14 @@ def _tree(path: Path) -> dict[str, bytes] | None:
 @pytest.mark.parametrize(("ranks", "signum"), [(2, signal.SIGINT), (2, signal.SIGTERM), (1, signal.SIGINT)])
 def test_a_signal_to_the_process_group_stops_every_rank_cleanly(root: Path, ranks: int, signum: int) -> None:
     """SIGINT or SIGTERM to the launcher's process group (as a terminal or a scheduler sends it) while the ranks
-    train and save: exit 130 or 143, one line, no traceback, no staging folder left, the checkpoints whole."""
+    train and save: exit 130 or 143, one line, no traceback, no staging folder left, the checkpoints whole, nothing
+    left in the temporary folder."""
     config = write_config(root, **LONG)
     out = root / "out"
     log = root / "run.log"
     args = ("run", str(config), *(TWO if ranks == 2 else ()))
-    process = _start_in_own_group(args, log)
+    tmp = _temporary_folder()
+    process = _start_in_own_group(args, log, {"TMPDIR": str(tmp)})
     deadline = time.monotonic() + 240
     while _latest_saved(out) < 4:  # any step from 4 on: a fast run rotates step 4 away (save_total_limit) at once
         assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
@@ -65,6 +67,22 @@ def test_a_signal_to_the_process_group_stops_every_rank_cleanly(root: Path, rank
     assert not [n for n in names if n.startswith(".tmp")], names
     assert all(verify(out / "checkpoints" / n) == [] for n in names)
     assert f"--resume continues from {names[-1]}" in text
+    left_files = _left_in(tmp)
+    assert not left_files, f"left in the temporary folder: {left_files}"
+
+
+def _temporary_folder(long: bool = False) -> Path:
+    """A new folder for a run's ``TMPDIR``; unless ``long``, short enough for a socket's path in it (108 bytes at
+    most), as the one the fork server's socket goes to is."""
+    return Path(tempfile.mkdtemp(prefix="kt-" + "x" * 90 * long))
+
+
+def _left_in(tmp: Path) -> list[str]:
+    """What a run left in its temporary folder ``tmp`` (torch's compile cache, kept on purpose, aside); removes
+    ``tmp``."""
+    left = [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_")]
+    shutil.rmtree(tmp)
+    return left
 
 
 def _latest_saved(out: Path) -> int:
@@ -106,7 +124,7 @@ def test_no_process_of_a_two_rank_run_outlives_its_launcher(root: Path, data: st
     if data == "bad":
         (root / "train.jsonl").write_text("{not json\n")
     config = write_config(root, max_steps=2)
-    tmp = Path(tempfile.mkdtemp(prefix="kt-" + "x" * 90 * (tmpdir == "long")))  # a socket's path: 108 bytes at most
+    tmp = _temporary_folder(long=tmpdir == "long")
     process = _start_in_own_group(("run", str(config), *TWO), root / "run.log", {"TMPDIR": str(tmp)})
     code = process.wait(timeout=300)
     left = _processes_started_by(process.pid)
@@ -117,8 +135,7 @@ def test_no_process_of_a_two_rank_run_outlives_its_launcher(root: Path, data: st
     text = (root / "run.log").read_text()
     assert code == (0 if data == "good" else 2), text[-3000:]
     assert not left, f"left running after the launcher exited: {left}"
-    left_files = [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_")]  # a cache
-    shutil.rmtree(tmp)
+    left_files = _left_in(tmp)
     assert not left_files, f"left in the temporary folder: {left_files}"
 
 
