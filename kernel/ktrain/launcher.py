@@ -262,7 +262,9 @@ def run_ranks(
     else:
         argv += ["--standalone"]
     quiet_agent()
-    with tempfile.TemporaryDirectory(prefix="ktrain-agent-") as agent_files:  # the ranks' error files, read below
+    # The ranks' error files, read below; a rank that has not ended (its agent stopped it too late) cannot
+    # make the launcher fail on removing its folder.
+    with tempfile.TemporaryDirectory(prefix="ktrain-agent-", ignore_cleanup_errors=True) as agent_files:
         argv += ["--log-dir", agent_files, "-m", *worker]
         try:
             _start_forked(get_args_parser().parse_args(argv), worker, preload)
