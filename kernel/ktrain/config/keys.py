@@ -285,7 +285,11 @@ PLUGIN_KEYS: dict[str, tuple[str, ...]] = {
     "ktrain-plugin-compile": ("torch_compile", "torch_compile_backend", "torch_compile_mode"),
     "ktrain-plugin-qat": ("qat",),
     "ktrain-plugin-vision": ("processor_type", "image_size", "image_resize_algorithm", "freeze_mm_modules"),
-    "ktrain-plugin-fused-loss": ("fused_linear_cross_entropy", "fused_linear_cross_entropy_chunks"),
+    "ktrain-plugin-fused-loss": (
+        "fused_linear_cross_entropy",
+        "fused_linear_cross_entropy_chunks",
+        "fused_linear_cross_entropy_fp8",
+    ),
     "ktrain-plugin-fp8": (
         "fp8",
         "fp8_recipe",

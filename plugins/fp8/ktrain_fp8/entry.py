@@ -26,6 +26,8 @@ REFUSED_WITH = {
 }
 # the losses that multiply the output layer's weight themselves, without its forward
 FUSED_OUTPUT = ("fused_linear_cross_entropy", "liger_fused_linear_cross_entropy")
+# where such a loss can run the output layer's products in float8 itself
+FLOAT8_HEAD = {"fused_linear_cross_entropy": " (fused_linear_cross_entropy_fp8: true runs its products in float8)"}
 
 
 def fsdp_version(config: Any) -> int | None:
@@ -82,7 +84,7 @@ def ktrain_validate_config(config: Any, report: Any, launch: Any) -> None:
             report.error(
                 "fp8_exclude_modules",
                 f"must keep lm_head in bf16 with {name}, which multiplies the output layer's weight itself; "
-                "add lm_head or remove " + name,
+                f"add lm_head or remove {name}" + FLOAT8_HEAD.get(name, ""),
             )
     if config.fp8_enable_fsdp_float8_all_gather:
         if version != 2:

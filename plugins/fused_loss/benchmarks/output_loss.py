@@ -5,7 +5,10 @@ forward + backward passes after two warm-ups; printed: milliseconds a pass, TFLO
 (6 x tokens x hidden x vocab), the peak memory above the inputs, and the loss and gradients against the
 first row's (Liger's, when installed). The divisor is the count of trained tokens, as a device tensor.
 
-    python plugins/fused_loss/benchmarks/output_loss.py [--chunks 1,2,4,8] [--liger-consts 8,16]
+    python plugins/fused_loss/benchmarks/output_loss.py [--chunks 1,2,4,8] [--liger-consts 8,16] [--float8]
+
+``--float8`` adds ``fused_linear_cross_entropy_fp8``'s loss (the three products in float8, the logits' gradient
+written in e5m2 by the loss's kernel), on a GPU of compute capability 8.9 or later.
 
 An empty list leaves that side out: ``--chunks '' --liger-consts 1,2,4,8,16`` times Liger's chunk sizes
 alone (its ``chunk_mem_const``: chunks whose logits take up to that many times the hidden states' memory).
@@ -18,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from ktrain_fused_loss.float8_output import linear_cross_entropy_float8
 from ktrain_fused_loss.linear_cross_entropy import linear_cross_entropy
 
 
@@ -29,6 +33,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--chunks", default="1,2,4,8")
     parser.add_argument("--liger-consts", default="8,16")
+    parser.add_argument("--float8", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
     x = torch.randn(args.tokens, args.hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -54,6 +59,8 @@ def main() -> None:
         print("liger-kernel not installed: ktrain's rows only")
     for chunks in map(int, filter(None, args.chunks.split(","))):
         variants.append((f"ktrain chunks {chunks}", lambda c=chunks: linear_cross_entropy(x, w, labels, divisor, c)))
+    if args.float8:
+        variants.append(("ktrain float8", lambda: linear_cross_entropy_float8(x, w, labels, divisor)))
     reference = None
     for name, loss_fn in variants:
         for _ in range(2):

@@ -17,12 +17,8 @@ WARPS = 8
 
 
 @triton.jit
-def _cross_entropy_kernel(
-    logits, stride, labels, divisor_ptr, losses, vocab, ignore_index, BLOCK: tl.constexpr,
-):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    start = logits + row * stride
-    label = tl.load(labels + row)
+def row_log_sum_exp(start, vocab, BLOCK: tl.constexpr):
+    """The log-sum-exp of the ``vocab`` logits from ``start``: one read, an online maximum and sum in fp32."""
     big = -float("inf")
     top = tl.full((), big, tl.float32)
     total = tl.zeros((), tl.float32)
@@ -32,7 +28,17 @@ def _cross_entropy_kernel(
         new_top = tl.maximum(top, tl.max(x, 0))
         total = total * tl.exp(top - new_top) + tl.sum(tl.exp(x - new_top), 0)
         top = new_top
-    lse = top + tl.log(total)
+    return top + tl.log(total)
+
+
+@triton.jit
+def _cross_entropy_kernel(
+    logits, stride, labels, divisor_ptr, losses, vocab, ignore_index, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    start = logits + row * stride
+    label = tl.load(labels + row)
+    lse = row_log_sum_exp(start, vocab, BLOCK)
     valid = label != ignore_index
     safe = tl.where(valid, label, 0)
     picked = tl.load(start + safe).to(tl.float32)

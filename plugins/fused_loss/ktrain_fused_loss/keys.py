@@ -1,4 +1,5 @@
-"""The config keys of ktrain-plugin-fused-loss: ``fused_linear_cross_entropy`` and its chunks (no torch here)."""
+"""The config keys of ktrain-plugin-fused-loss: ``fused_linear_cross_entropy``, its chunks and its float8
+products (no torch here)."""
 
 from __future__ import annotations
 
@@ -88,4 +89,10 @@ class FusedLossKeys:
         "split the tokens into this many chunks in the forward: with 1 the gradient of all the logits "
         "(tokens x vocab in the compute dtype) is held until the backward, which is fastest; more chunks "
         "hold one chunk's logits at a time",
+    )
+    fused_linear_cross_entropy_fp8: bool = key(
+        False,
+        "run the output layer's three products in float8 (tensorwise e4m3 hidden states and weight; the loss "
+        "writes the logits' gradient in e5m2 with a fixed scale, as it is bounded); a GPU of compute "
+        "capability 8.9 or later, fused_linear_cross_entropy_chunks: 1",
     )

@@ -25,10 +25,11 @@ import torch
 IGNORE_INDEX = -100
 
 
-def _cross_entropy_torch(
-    logits: torch.Tensor, labels: torch.Tensor, divisor: torch.Tensor, losses: torch.Tensor, ignore_index: int
-) -> None:
-    """``cross_entropy_`` in PyTorch operations, for a CPU: the same results, computed in fp32."""
+def softmax_minus_onehot(
+    logits: torch.Tensor, labels: torch.Tensor, losses: torch.Tensor, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's loss into ``losses`` (0 where ignored); return ``softmax - onehot(label)`` in fp32 and which
+    rows are trained: what the loss kernels compute, in PyTorch operations."""
     full = logits.float()
     lse = full.logsumexp(-1)
     valid = labels != ignore_index
@@ -36,6 +37,14 @@ def _cross_entropy_torch(
     losses.copy_(torch.where(valid, lse - full.gather(1, safe[:, None])[:, 0], 0.0))
     grad = full.sub_(lse[:, None]).exp_()
     grad.scatter_add_(1, safe[:, None], torch.full_like(lse, -1.0)[:, None])
+    return grad, valid
+
+
+def _cross_entropy_torch(
+    logits: torch.Tensor, labels: torch.Tensor, divisor: torch.Tensor, losses: torch.Tensor, ignore_index: int
+) -> None:
+    """``cross_entropy_`` in PyTorch operations, for a CPU: the same results, computed in fp32."""
+    grad, valid = softmax_minus_onehot(logits, labels, losses, ignore_index)
     logits.copy_(grad.mul_((valid / divisor)[:, None]))
 
 

@@ -3,14 +3,16 @@
 The causal LM's ``forward`` is replaced by an instance attribute (the module, its parameter names and its
 hooks stay): with labels it runs the backbone, shifts the labels as Hugging Face's causal-LM loss does
 (or takes ``shift_labels``), and hands the last hidden states and the output layer's weight to
-``linear_cross_entropy``, dividing by ``num_items_in_batch`` (the kernel's count of trained tokens, a
-device tensor) or, without it, by the count of trained tokens. It returns no logits. Without labels
+``linear_cross_entropy`` (``linear_cross_entropy_float8`` with ``fused_linear_cross_entropy_fp8``), dividing by
+``num_items_in_batch`` (the kernel's count of trained tokens, a device tensor) or, without it, by the count of
+trained tokens. It returns no logits. Without labels
 (generation, evaluation of logits) the original forward runs.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,8 +22,12 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ktrain import hookimpl
 from ktrain.config.report import ConfigError, Report
+from ktrain_fused_loss.float8_output import linear_cross_entropy_float8
 from ktrain_fused_loss.keys import SUPPORTED
 from ktrain_fused_loss.linear_cross_entropy import IGNORE_INDEX, linear_cross_entropy
+
+Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(hidden, weight, labels, divisor) -> loss``: ``linear_cross_entropy``'s arguments without the options."""
 
 
 class FusedLoss:
@@ -53,15 +59,19 @@ class FusedLoss:
             report.error("fused_linear_cross_entropy", "the output layer has a bias, which the fused loss lacks")
             raise ConfigError(report)
         chunks = self.config.fused_linear_cross_entropy_chunks
-        model.forward = functools.partial(fused_forward, model, model.forward, chunks)
+        if self.config.fused_linear_cross_entropy_fp8:
+            loss, how = linear_cross_entropy_float8, "float8 products"
+        else:
+            loss, how = functools.partial(linear_cross_entropy, chunks=chunks), f"{chunks} chunk(s)"
+        model.forward = functools.partial(fused_forward, model, model.forward, loss)
         if run.is_main:
-            print(f"fused_loss: {type(model).__name__} output layer and loss fused, {chunks} chunk(s)", flush=True)
+            print(f"fused_loss: {type(model).__name__} output layer and loss fused, {how}", flush=True)
 
 
 def fused_forward(
     model: torch.nn.Module,
     original: Any,
-    chunks: int,
+    loss: Loss,
     input_ids: torch.Tensor | None = None,
     labels: torch.Tensor | None = None,
     num_items_in_batch: torch.Tensor | None = None,
@@ -78,7 +88,5 @@ def fused_forward(
     hidden = out.last_hidden_state
     targets = shift_labels.reshape(-1).to(hidden.device)
     divisor = (targets != IGNORE_INDEX).sum() if num_items_in_batch is None else num_items_in_batch
-    loss = linear_cross_entropy(
-        hidden.reshape(-1, hidden.shape[-1]), model.get_output_embeddings().weight, targets, divisor, chunks
-    )
-    return CausalLMOutputWithPast(loss=loss, hidden_states=out.hidden_states, attentions=out.attentions)
+    value = loss(hidden.reshape(-1, hidden.shape[-1]), model.get_output_embeddings().weight, targets, divisor)
+    return CausalLMOutputWithPast(loss=value, hidden_states=out.hidden_states, attentions=out.attentions)

@@ -58,23 +58,29 @@ def root(tmp_path: Path) -> Path:
 
 
 def test_training_matches_the_plain_loss(root: Path) -> None:
-    """fp32 on CPU, with accumulation: the fused loss trains as Hugging Face's loss does, in 1 or 3 chunks."""
-    runs = {}
+    """fp32 on CPU, with accumulation: the fused loss trains as Hugging Face's loss does, in 1 or 3 chunks; with
+    float8 products (emulated by torch on a CPU) it follows the same losses within the rounding of float8."""
+    runs, outputs = {}, {}
     for name, keys in (
         ("plain", {}),
         ("fused", {"fused_linear_cross_entropy": True}),
         ("chunked", {"fused_linear_cross_entropy": True, "fused_linear_cross_entropy_chunks": 3}),
+        ("float8", {"fused_linear_cross_entropy": True, "fused_linear_cross_entropy_fp8": True}),
     ):
         config = write_config(root, f"{name}.yaml", output_dir=str(root / name), gradient_accumulation_steps=2, **keys)
         done = ktrain("run", str(config))
         assert done.returncode == 0, done.stderr[-3000:]
         assert ("fused_loss: LlamaForCausalLM output layer and loss fused" in done.stdout) == (name != "plain")
-        runs[name] = records(root / name)
-    assert "fused_loss: LlamaForCausalLM output layer and loss fused, 3 chunk(s)" in done.stdout
+        runs[name], outputs[name] = records(root / name), done.stdout
+    assert "output layer and loss fused, 3 chunk(s)" in outputs["chunked"]
+    assert "output layer and loss fused, float8 products" in outputs["float8"]
     assert len(runs["plain"]) == 6
     for name in ("fused", "chunked"):
         for step, loss in runs["plain"].items():
             assert runs[name][step] == pytest.approx(loss, rel=1e-5), (name, step)
+    for step, loss in runs["plain"].items():
+        assert runs["float8"][step] == pytest.approx(loss, rel=3e-3), step
+        assert runs["float8"][step] != loss, step  # the products did run in float8
 
 
 def test_fsdp2_on_two_ranks_trains_as_the_plain_loss(root: Path) -> None:
@@ -110,7 +116,9 @@ def test_a_lora_adapter_wraps_the_fused_forward() -> None:
     )  # fmt: skip
     base = transformers.AutoModelForCausalLM.from_config(config)
     patched = copy.deepcopy(base)
-    keys = types.SimpleNamespace(fused_linear_cross_entropy_chunks=2, source="run.yaml")
+    keys = types.SimpleNamespace(
+        fused_linear_cross_entropy_chunks=2, fused_linear_cross_entropy_fp8=False, source="run.yaml"
+    )
     FusedLoss(keys).ktrain_wrap_model(patched, types.SimpleNamespace(is_main=False))
     lora = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
     ids = torch.randint(0, 100, (2, 12))
