@@ -35,19 +35,21 @@ def _row_loss_kernel(logits, stride, labels, lse_out, losses, vocab, ignore_inde
 
 @triton.jit
 def _gradient_kernel(
-    logits, stride, labels, lse, grad, grad_stride, grad_t, grad_t_stride, rows, vocab, ignore_index, scale,
+    logits, stride, labels, lse, grad, grad_stride, grad_t, grad_t_stride, rows, vocab, width, ignore_index, scale,
     ROWS: tl.constexpr, COLUMNS: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     c = tl.program_id(1) * COLUMNS + tl.arange(0, COLUMNS)
     r64, c64 = r.to(tl.int64), c.to(tl.int64)
     in_rows = r < rows
-    mask = in_rows[:, None] & (c < vocab)[None, :]
-    x = tl.load(logits + r64[:, None] * stride + c64[None, :], mask=mask, other=0.0).to(tl.float32)
+    in_vocab = in_rows[:, None] & (c < vocab)[None, :]
+    mask = in_rows[:, None] & (c < width)[None, :]
+    x = tl.load(logits + r64[:, None] * stride + c64[None, :], mask=in_vocab, other=0.0).to(tl.float32)
     label = tl.load(labels + r, mask=in_rows, other=ignore_index)
     top = tl.load(lse + r, mask=in_rows, other=0.0)
     g = tl.exp(x - top[:, None]) - tl.where(c[None, :] == label[:, None], 1.0, 0.0)
-    q = tl.where((label != ignore_index)[:, None], g * scale, 0.0).to(grad.dtype.element_ty)
+    trained = in_vocab & (label != ignore_index)[:, None]
+    q = tl.where(trained, g * scale, 0.0).to(grad.dtype.element_ty)
     tl.store(grad + r64[:, None] * grad_stride + c64[None, :], q, mask=mask)
     tl.store(grad_t + c64[:, None] * grad_t_stride + r64[None, :], tl.trans(q), mask=tl.trans(mask))
 
@@ -61,14 +63,16 @@ def cross_entropy_float8(
     scale: float,
     ignore_index: int,
 ) -> None:
-    """Each row's loss into ``losses``; ``(softmax - onehot) * scale`` into ``grad`` and, transposed, ``grad_t``."""
+    """Each row's loss into ``losses``; ``(softmax - onehot) * scale`` into ``grad`` and, transposed, ``grad_t``.
+    ``grad`` may be wider than ``logits``: its columns past the vocabulary (padding) get zeros."""
     rows, vocab = logits.shape
     lse = torch.empty(rows, device=logits.device, dtype=torch.float32)
     _row_loss_kernel[(rows,)](
         logits, logits.stride(0), labels, lse, losses, vocab, ignore_index, BLOCK=BLOCK, num_warps=WARPS
     )
-    grid = (triton.cdiv(rows, ROWS), triton.cdiv(vocab, COLUMNS))
+    width = grad.shape[1]
+    grid = (triton.cdiv(rows, ROWS), triton.cdiv(width, COLUMNS))
     _gradient_kernel[grid](
-        logits, logits.stride(0), labels, lse, grad, grad.stride(0), grad_t, grad_t.stride(0), rows, vocab,
+        logits, logits.stride(0), labels, lse, grad, grad.stride(0), grad_t, grad_t.stride(0), rows, vocab, width,
         ignore_index, scale, ROWS=ROWS, COLUMNS=COLUMNS, num_warps=WARPS,
     )  # fmt: skip
