@@ -1,6 +1,6 @@
 """The fused loss with float8 products on CPU, where torch emulates ``torch._scaled_mm``: its loss and gradients
-against fp32's, its Triton kernels in Triton's interpreter against the PyTorch version, and the keys' checks.
-On a GPU, ``test_fused_loss_gpu`` runs the kernels compiled."""
+against fp32's, its Triton kernels in Triton's interpreter against the PyTorch version and compiled for a Hopper
+GPU ahead of time, and the keys' checks. On a GPU, ``test_fused_loss_gpu`` runs the kernels compiled."""
 
 from __future__ import annotations
 
@@ -119,6 +119,30 @@ def test_the_triton_kernels_write_what_pytorch_computes_in_triton_s_interpreter(
     assert (grad[10:80, 300:] == 0).all()
     assert (grad[10:80] != want).sum() <= want.numel() // 1000
     assert grad.abs().max() <= GRAD_SCALE and (grad[10:80] < 0).sum() == (want < 0).sum() == 60  # one a row
+
+
+def test_the_triton_kernels_compile_for_hopper_without_a_gpu() -> None:
+    """Triton's ahead-of-time compiler builds both kernels for compute capability 9.0 on this machine, no GPU
+    needed, and the gradient's conversion to e5m2 is the hardware's round-to-nearest (what the interpreter does
+    not show)."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ktrain_fused_loss.float8_triton import BLOCK, COLUMNS, ROWS, WARPS, _gradient_kernel, _row_loss_kernel
+
+    hopper = GPUTarget("cuda", 90, 32)
+    rows = {"logits": "*bf16", "stride": "i64", "labels": "*i64", "lse_out": "*fp32", "losses": "*fp32"}
+    rows |= {"vocab": "i32", "ignore_index": "i32", "BLOCK": "constexpr"}
+    tiles = {"logits": "*bf16", "stride": "i64", "labels": "*i64", "lse": "*fp32", "grad": "*fp8e5"}
+    tiles |= {"grad_stride": "i64", "grad_t": "*fp8e5", "grad_t_stride": "i64", "rows": "i32", "vocab": "i32"}
+    tiles |= {"width": "i32", "ignore_index": "i32", "scale": "fp32", "ROWS": "constexpr", "COLUMNS": "constexpr"}
+    options = {"num_warps": WARPS}
+    source = ASTSource(fn=_row_loss_kernel, signature=rows, constexprs={"BLOCK": BLOCK})
+    assert triton.compile(source, target=hopper, options=options).asm["cubin"]
+    source = ASTSource(fn=_gradient_kernel, signature=tiles, constexprs={"ROWS": ROWS, "COLUMNS": COLUMNS})
+    ptx = triton.compile(source, target=hopper, options=options).asm["ptx"]
+    assert "cvt.rn.satfinite.e5m2x2.f32" in ptx
 
 
 def test_the_keys_checks(tmp_path: Path) -> None:
