@@ -111,7 +111,7 @@ def test_the_triton_kernels_write_what_pytorch_computes_in_triton_s_interpreter(
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", INTERPRETED], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    losses, grad, grad_t, want_losses, want = torch.load(tmp_path / "results.pt")
+    losses, grad, grad_t, want_losses, want = torch.load(tmp_path / "results.pt", weights_only=True)
     torch.testing.assert_close(losses, want_losses, rtol=1e-5, atol=1e-5)
     assert (losses[::7] == 0).all() and (grad[10:80][::7] == 0).all()
     assert torch.equal(grad_t, grad.t())
