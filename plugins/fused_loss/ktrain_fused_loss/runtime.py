@@ -5,8 +5,8 @@ hooks stay): with labels it runs the backbone, shifts the labels as Hugging Face
 (or takes ``shift_labels``), and hands the last hidden states and the output layer's weight to
 ``linear_cross_entropy`` (``linear_cross_entropy_float8`` with ``fused_linear_cross_entropy_fp8``), dividing by
 ``num_items_in_batch`` (the kernel's count of trained tokens, a device tensor) or, without it, by the count of
-trained tokens. It returns no logits. Without labels
-(generation, evaluation of logits) the original forward runs.
+trained tokens. It returns no logits. Without labels (generation, evaluation of logits) the original forward
+runs.
 """
 
 from __future__ import annotations
