@@ -10,8 +10,9 @@ import attrs
 
 from ktrain.config.keys import key
 
-RECIPES = ("tensorwise", "rowwise")
-"""torchao's float8 training recipes that ``fp8_recipe`` accepts: one scale a tensor, or one a row."""
+RECIPES = ("tensorwise", "rowwise", "delayed")
+"""The float8 recipes ``fp8_recipe`` accepts: torchao's (one scale a tensor, or one a row, from the tensor
+itself) and the plugin's delayed scaling (one scale a tensor, from earlier micro-steps: ``ktrain_fp8.delayed``)."""
 MIN_CAPABILITY = (8, 9)
 """The first CUDA compute capability with float8 tensor cores (Ada, then Hopper's 9.0)."""
 
@@ -32,8 +33,14 @@ class Fp8Keys:
         "multiply the linear layers' inputs in float8 (torchao's float8 training; a GPU of compute capability "
         "8.9 or later); the weights, their gradients and the optimizer keep their dtypes",
     )
-    fp8_recipe: Literal["tensorwise", "rowwise"] = key(
-        "tensorwise", "torchao's scaling: tensorwise (one scale a tensor) or rowwise (one scale a row, finer)"
+    fp8_recipe: Literal["tensorwise", "rowwise", "delayed"] = key(
+        "tensorwise",
+        "the scaling: torchao's tensorwise (one scale a tensor, from its own absolute maximum) or rowwise (one "
+        "a row, finer); or delayed (one scale a tensor, from the largest maximum of the last "
+        "fp8_amax_history_len micro-steps, so the cast needs no pass over the tensor before it)",
+    )
+    fp8_amax_history_len: int = key(
+        16, "fp8_recipe: delayed: how many training micro-steps of absolute maxima a layer's scales are taken from"
     )
     fp8_exclude_modules: list[str] = attrs.field(
         factory=lambda: ["lm_head"],

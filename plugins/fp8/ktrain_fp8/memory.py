@@ -36,7 +36,7 @@ def kept_inputs(config: Any, shape: ModelShape) -> frozenset[str]:
 
 
 def collect_memory(config: Any, model_shape: ModelShape) -> dict[str, Any] | None:
-    """The ``"float8"`` inputs under ``fp8: true`` with the tensorwise recipe in compiled blocks."""
-    if not (config.fp8 and config.fp8_recipe == "tensorwise" and config.torch_compile):
+    """The ``"float8"`` inputs under ``fp8: true`` with one scale a tensor (tensorwise, delayed) in compiled blocks."""
+    if not (config.fp8 and config.fp8_recipe in ("tensorwise", "delayed") and config.torch_compile):
         return None
     return {"float8": kept_inputs(config, model_shape)}

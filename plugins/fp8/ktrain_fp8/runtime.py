@@ -1,4 +1,5 @@
-"""The runtime object of ``fp8: true``: the planned linear layers swapped for torchao's ``Float8Linear``.
+"""The runtime object of ``fp8: true``: the planned linear layers swapped for torchao's ``Float8Linear`` (or, under
+``fp8_recipe: delayed``, for ``ktrain_fp8.delayed``'s layers, whose scale histories are saved with checkpoints).
 
 ``Float8Linear`` is a ``torch.nn.Linear`` whose forward casts its input, its weight and, in the backward,
 the output's gradient to float8 with dynamic scales, and multiplies them with ``torch._scaled_mm``; the
@@ -17,6 +18,7 @@ import torch
 
 from ktrain import hookimpl
 from ktrain.config.report import ConfigError, Report
+from ktrain_fp8.delayed import DelayedScales, convert_delayed
 from ktrain_fp8.keys import MIN_CAPABILITY
 from ktrain_fp8.plan import conversion_plan
 
@@ -32,6 +34,7 @@ class Fp8Training:
 
     def __init__(self, config: Any):
         self.config = config
+        self.scales: DelayedScales | None = None
 
     @hookimpl
     def ktrain_collect_model_kwargs(self, run: Any) -> None:
@@ -51,14 +54,20 @@ class Fp8Training:
 
     @hookimpl
     def ktrain_parallelize(self, model: torch.nn.Module, run: Any) -> None:
-        """Swap the planned layers for ``Float8Linear`` in place (before compiling and sharding)."""
-        convert(model, self.config, run.is_main)
+        """Swap the planned layers for float8 ones in place (before compiling and sharding)."""
+        self.scales = convert(model, self.config, run.is_main, run.device)
+
+    @hookimpl
+    def ktrain_collect_checkpoint_state(self, run: Any) -> dict[str, Any] | None:
+        """Under ``fp8_recipe: delayed``, the layers' absolute-maximum histories and scales."""
+        return {"fp8_delayed_scales": self.scales} if self.scales is not None else None
 
 
-def convert(model: torch.nn.Module, config: Any, announce: bool = False) -> None:
-    """Convert ``model``'s planned linear layers to torchao's float8 training as ``config``'s fp8 keys say."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
+def convert(
+    model: torch.nn.Module, config: Any, announce: bool = False, device: torch.device | None = None
+) -> DelayedScales | None:
+    """Convert ``model``'s planned linear layers to float8 training as ``config``'s fp8 keys say; under
+    ``fp8_recipe: delayed`` return the layers' scales (kept on ``device``, by default the first layer's)."""
     plan = conversion_plan(model, config.fp8_recipe, config.fp8_exclude_modules, config.fp8_skip_small_layers)
     if not plan.converted:
         _refuse(
@@ -67,10 +76,16 @@ def convert(model: torch.nn.Module, config: Any, announce: bool = False) -> None
             f"leaves no linear layer of {type(model).__name__} to convert ({plan.describe()}); "
             "exclude fewer modules or set fp8_skip_small_layers: false",
         )
+    if announce:
+        print(f"fp8: {plan.describe()}", flush=True)
+    if config.fp8_recipe == "delayed":
+        device = device or model.get_submodule(plan.converted[0]).weight.device
+        return convert_delayed(model, plan.converted, config.fp8_amax_history_len, device)
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
     settings = Float8LinearConfig.from_recipe_name(config.fp8_recipe)
     if config.fp8_enable_fsdp_float8_all_gather:
         settings = dataclasses.replace(settings, enable_fsdp_float8_all_gather=True)
     chosen = set(plan.converted)
     convert_to_float8_training(model, module_filter_fn=lambda _, name: name in chosen, config=settings)
-    if announce:
-        print(f"fp8: {plan.describe()}", flush=True)
+    return None

@@ -1,4 +1,4 @@
-"""The memory model of float8 layers: tensorwise keeps the MLP's input and product in a byte an element."""
+"""The memory model of float8 layers: tensorwise (and delayed) keep the MLP's input and product in a byte an element."""
 
 from __future__ import annotations
 
@@ -20,3 +20,4 @@ def test_tensorwise_keeps_float8_inputs() -> None:
     tokens, layers, hidden, intermediate = 4 * 4096, 16, 2048, 8192
     assert _saved("fp8_recipe=rowwise") - _saved() == tokens * layers * (hidden + intermediate)
     assert _saved("fp8_recipe=rowwise") == _saved("fp8=false")
+    assert _saved("fp8_recipe=delayed") == _saved()  # one scale a tensor too: the same float8 inputs kept

@@ -1,0 +1,152 @@
+"""``fp8_recipe: delayed`` on CPU (torch emulates the float8 products): the layers, their scale histories, the
+checkpoint state, and the compiled blocks.
+
+A tiny Llama in bf16 with every block linear layer converted. The first micro-step scales each tensor by its own
+absolute maximum, as torchao's tensorwise layers do, so its loss is torchao's to the bit (the gradients to bf16's
+rounding); later
+micro-steps cast with the largest maxima of the last ``fp8_amax_history_len`` ones.
+"""
+
+from __future__ import annotations
+
+import io
+import types
+
+import pytest
+import torch
+import transformers
+
+from ktrain.testing.assets import TINY_LLAMA
+from ktrain_fp8.delayed import LIMITS, DelayedFloat8Linear, DelayedScales
+from ktrain_fp8.runtime import Fp8Training, convert
+
+TINY = {**TINY_LLAMA, "use_cache": False}
+
+
+def _keys(**keys) -> types.SimpleNamespace:
+    defaults = {
+        "fp8_recipe": "delayed",
+        "fp8_amax_history_len": 2,
+        "fp8_exclude_modules": ["lm_head"],
+        "fp8_skip_small_layers": False,
+        "fp8_enable_fsdp_float8_all_gather": False,
+        "source": "run.yaml",
+    }
+    return types.SimpleNamespace(**{**defaults, **keys})
+
+
+def _model(seed: int = 0) -> transformers.PreTrainedModel:
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**TINY)).to(torch.bfloat16)
+
+
+def _batches(count: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 96, (2, 32), generator=generator) for _ in range(count)]
+
+
+def _micro_step(model: torch.nn.Module, ids: torch.Tensor) -> tuple[float, dict[str, torch.Tensor]]:
+    """One forward and backward; the loss and the block weights' gradients (then cleared)."""
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None and ".layers." in n}
+    model.zero_grad(set_to_none=True)
+    return loss.item(), grads
+
+
+def test_the_first_micro_step_is_tensorwise_and_later_ones_cast_with_the_history() -> None:
+    tensorwise, delayed = _model(), _model()
+    convert(tensorwise, _keys(fp8_recipe="tensorwise"))
+    scales = convert(delayed, _keys())
+    layers = [m for m in delayed.modules() if isinstance(m, DelayedFloat8Linear)]
+    assert isinstance(scales, DelayedScales) and len(layers) == 14 and type(delayed.lm_head) is torch.nn.Linear
+    inputs, grads = {}, {}
+    for layer in layers:  # each layer's input and output gradient of the last micro-step, from outside the layer
+        layer.register_forward_pre_hook(lambda m, args: inputs.__setitem__(m.index, args[0].detach()))
+        layer.register_full_backward_hook(lambda m, _, out: grads.__setitem__(m.index, out[0].detach()))
+
+    a, b = _batches(2)
+    for ids in (a, a):  # step 1 has no history; step 2's history is step 1's maxima of the same batch
+        loss, got = _micro_step(delayed, ids)
+        want_loss, want = _micro_step(tensorwise, ids)
+        assert loss == want_loss and got.keys() == want.keys()
+        for name, grad in want.items():  # the same casts; the sums of the gradients of q, k and v's input may
+            difference = (got[name].float() - grad.float()).abs().max()  # differ by bf16's rounding
+            assert difference <= 2**-8 * grad.float().abs().max(), name
+    assert scales.calibrated
+    loss, got = _micro_step(delayed, b)  # step 3: batch b cast with the maxima of batch a
+    want_loss, want = _micro_step(tensorwise, b)
+    assert loss == pytest.approx(want_loss, rel=0.01) and loss != want_loss
+    step3 = {i: torch.stack([inputs[i].abs().amax(), layers[i].weight.abs().amax(), grads[i].abs().amax()]).float()
+             for i in inputs}  # fmt: skip
+
+    delayed.eval()
+    with torch.no_grad():
+        delayed(input_ids=a)  # evaluation: the scales are used, the history is left alone
+    delayed.train()
+    delayed(input_ids=a)  # a training forward rolls step 3's maxima in
+    for layer in layers:
+        i = layer.index
+        assert torch.equal(scales.history[i, :, 0], step3[i]), "step 3's maxima (evaluation's input left out)"
+        largest = scales.history[i].amax(dim=1)  # the last 2 micro-steps
+        assert torch.equal(scales.scales[i], torch.tensor(LIMITS) / largest)
+
+
+def test_the_scales_are_checkpoint_state_and_a_resume_casts_as_the_uninterrupted_run() -> None:
+    """The runtime object hands the scales to the kernel's checkpoint (``rank-R.pt``, read with
+    ``weights_only=True``); a model restored with them trains on exactly as the one that went on."""
+    model = _model()
+    runtime = Fp8Training(_keys(fp8_amax_history_len=3))
+    runtime.ktrain_parallelize(model, types.SimpleNamespace(is_main=False, device=torch.device("cpu")))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = _batches(6)
+    for ids in batches[:3]:
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    state = runtime.ktrain_collect_checkpoint_state(run=None)
+    assert list(state) == ["fp8_delayed_scales"]
+    saved = io.BytesIO()
+    torch.save({"model": model.state_dict(), "fp8": state["fp8_delayed_scales"].state_dict()}, saved)
+
+    def go_on(model: torch.nn.Module) -> list[float]:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for ids in batches[3:]:
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        return losses
+
+    uninterrupted = go_on(model)
+    saved.seek(0)
+    checkpoint = torch.load(saved, weights_only=True)
+    resumed, fresh = _model(seed=5), _model(seed=5)
+    for restored in (resumed, fresh):
+        restored.load_state_dict(checkpoint["model"])
+    convert(resumed, _keys(fp8_amax_history_len=3)).load_state_dict(checkpoint["fp8"])
+    convert(fresh, _keys(fp8_amax_history_len=3))
+    assert go_on(resumed) == uninterrupted
+    assert go_on(fresh) != uninterrupted  # without the scales the first step casts by its own maxima
+    with pytest.raises(ValueError, match="resume with the fp8 keys it was saved with"):
+        convert(_model(), _keys(fp8_amax_history_len=4)).load_state_dict(checkpoint["fp8"])
+
+
+def test_a_compiled_block_traces_whole_once_a_mode() -> None:
+    """Each block compiled whole (``fullgraph``): the history flows out of the compiled backward, the losses are
+    eager's, and the 2 blocks share 2 graphs (no history, then the history's scales)."""
+    eager, compiled = _model(), _model()
+    convert(eager, _keys())
+    scales = convert(compiled, _keys())
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    for block in compiled.model.layers:
+        block.forward = torch.compile(block.forward, backend="aot_eager", fullgraph=True)
+    for ids in _batches(3):
+        want, _ = _micro_step(eager, ids)
+        got, _ = _micro_step(compiled, ids)
+        assert got == pytest.approx(want, rel=1e-3)
+    assert torch.count_nonzero(scales.history[:, 2, :2]) == 2 * len(scales.sinks)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
