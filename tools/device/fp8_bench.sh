@@ -11,7 +11,7 @@
 # on the same machine), PARTS (shape, tensorwise (shape without rowwise), head (tensorwise with the output layer's
 # products in float8 inside the fused loss), delayed (tensorwise's layers under fp8_recipe: delayed), delayed_head
 # (both), loss (the fused loss's GPU tests and its output-layer benchmark with
-# float8), packed, curve, profile, levers),
+# float8), packed, curve (the loss-curve test; KTRAIN_FP8_RUNS=fp8_delayed,... picks its runs beside bf16), profile, levers),
 # BENCH_ARGS, BENCH_TIMEOUT (s), LEVERS_ARGS, LEVERS_TIMEOUT (s) choose what runs; levers:
 # plugins/fp8/benchmarks/levers.py (what each float8 lever is worth).
 set -u

@@ -38,8 +38,9 @@ tokens pads them with zero rows where their count is not one."""
 
 
 def _cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` times ``scale`` in ``dtype``, saturated, row-major (as the products' first operand must be)."""
     limit = torch.finfo(dtype).max
-    return (x.float() * scale).clamp(-limit, limit).to(dtype)
+    return (x.float() * scale).clamp(-limit, limit).to(dtype).contiguous()
 
 
 def _own_scale(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
