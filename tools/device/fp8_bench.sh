@@ -12,7 +12,7 @@
 # products in float8 inside the fused loss), delayed (tensorwise's layers under fp8_recipe: delayed), delayed_head
 # (both), loss (the fused loss's GPU tests and its output-layer benchmark with
 # float8), packed, curve (the loss-curve test; KTRAIN_FP8_RUNS=fp8_delayed,... picks its runs beside bf16), profile, levers),
-# BENCH_ARGS, BENCH_TIMEOUT (s), LEVERS_ARGS, LEVERS_TIMEOUT (s) choose what runs; levers:
+# BENCH_ARGS, BENCH_TIMEOUT (s), PROFILE_ARGS (the profiled run's own, e.g. --set fp8_recipe=delayed), LEVERS_ARGS, LEVERS_TIMEOUT (s) choose what runs; levers:
 # plugins/fp8/benchmarks/levers.py (what each float8 lever is worth).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${WHEELS:-.device/fp8_whl}"/*.whl
@@ -38,7 +38,7 @@ for part in ${PARTS:-shape packed}; do
            timeout 120 python plugins/fused_loss/benchmarks/output_loss.py --chunks 1 --liger-consts '' --float8 > "$OUT/b/output_loss.txt" 2>&1
            echo "$(date +%T) output loss rc=$?"; grep -E "^(ktrain|liger)" "$OUT/b/output_loss.txt" ;;
     packed) bench packed_bf16 llama_1p5b_packed --lengths 256:2048; bench packed_fp8 llama_1p5b_packed_fp8 --lengths 256:2048 ;;
-    profile) bench profile_fp8 llama_1p5b_fp8_master --profile "$OUT/b/profile_fp8.json.gz"
+    profile) bench profile_fp8 llama_1p5b_fp8_master ${PROFILE_ARGS:-} --profile "$OUT/b/profile_fp8.json.gz"
              python tools/device/trace_summary.py "$OUT/b/profile_fp8.json.gz" > "$OUT/b/profile_fp8.txt" 2>&1; head -30 "$OUT/b/profile_fp8.txt" ;;
     levers) timeout ${LEVERS_TIMEOUT:-300} python plugins/fp8/benchmarks/levers.py ${LEVERS_ARGS:-} > "$OUT/b/levers.txt" 2>&1
             echo "$(date +%T) levers rc=$?"; grep -E "^(torch|output|blocks|fp8|bf16|tensorwise|\+)" "$OUT/b/levers.txt" ;;

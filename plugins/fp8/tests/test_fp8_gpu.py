@@ -12,7 +12,7 @@ docs/results/h100-2026-12-07-fp8-head/fp8_curves.json, where bf16 gave 1.2647 ag
 layer's products in float8 too (``fused_linear_cross_entropy_fp8``): 1.2229, 3.31% lower there, outside the 2%,
 which is why that key stays off unless written; it is held to 5%, so that a wrong gradient still fails. Over
 steps 61-100 both float8 runs were 5-6% below bf16, so how much of either gap is float8 and how much the
-trajectories' own spread is not known. ``KTRAIN_FP8_CURVES``
+trajectories' own spread is not known: the run ``bf16_again`` measures it. ``KTRAIN_FP8_CURVES``
 names a JSON file to write the curves to (after each run).
 """
 
@@ -32,13 +32,15 @@ REPO = Path(__file__).resolve().parents[3]
 STEPS = 200
 RUNS = {
     "bf16": {"fp8": False},
+    "bf16_again": {"fp8": False},
     "fp8": {"fp8": True},
     "fp8_delayed": {"fp8": True, "fp8_recipe": "delayed"},
     "fp8_output_layer": {"fp8": True, "fused_linear_cross_entropy_fp8": True},
 }
-"""The runs compared: bf16; the blocks in float8; the same with delayed scaling; the output layer's products in
-float8 too (in the fused loss). ``KTRAIN_FP8_RUNS`` (comma-separated names) runs bf16 and those only."""
-TOLERANCE = {"fp8": 0.02, "fp8_delayed": 0.02, "fp8_output_layer": 0.05}
+"""The runs compared: bf16; bf16 again (how far two runs of these nondeterministic kernels drift apart); the blocks
+in float8; the same with delayed scaling; the output layer's products in float8 too (in the fused loss).
+``KTRAIN_FP8_RUNS`` (comma-separated names) runs bf16 and those only; all five take about 10 minutes."""
+TOLERANCE = {"bf16_again": 0.02, "fp8": 0.02, "fp8_delayed": 0.02, "fp8_output_layer": 0.05}
 """How far each run's mean loss of the last 10 steps may be from bf16's, relatively."""
 ANNOUNCED = {
     "fp8": "linear layers in float8 (tensorwise)",
