@@ -294,6 +294,7 @@ PLUGIN_KEYS: dict[str, tuple[str, ...]] = {
         "fp8",
         "fp8_recipe",
         "fp8_amax_history_len",
+        "fp8_fast_accumulation",
         "fp8_exclude_modules",
         "fp8_skip_small_layers",
         "fp8_enable_fsdp_float8_all_gather",

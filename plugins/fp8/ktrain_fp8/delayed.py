@@ -19,7 +19,8 @@ saturates to the format's largest (the casts clamp).
 
 The layers keep their weight parameter (same name, dtype and gradient), so optimizers, master weights,
 checkpoints and the exported model are those of bf16; the float8 input and weight are kept for the backward.
-The forward's product accumulates the fast way and the backward's do not, as in torchao's recipes.
+The forward's product accumulates the fast way and the backward's do not, as in torchao's recipes, unless
+``fp8_fast_accumulation`` asks for them too.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class _Float8Linear(torch.autograd.Function):
     gradient) are used where ``delayed`` is true; otherwise each tensor's own maximum gives its scale."""
 
     @staticmethod
-    def forward(ctx, x, weight, sink, scales, delayed: bool):
+    def forward(ctx, x, weight, sink, scales, delayed: bool, fast_backward: bool):
         del sink
         x2 = x.reshape(-1, x.shape[-1])
         scale_x = scales[0] if delayed else _own_scale(x2, E4M3)
@@ -72,7 +73,7 @@ class _Float8Linear(torch.autograd.Function):
         inverse_x, inverse_w = scale_x.reciprocal(), scale_w.reciprocal()
         y = torch._scaled_mm(x8, w8.t(), scale_a=inverse_x, scale_b=inverse_w, out_dtype=x.dtype, use_fast_accum=True)
         ctx.save_for_backward(x8, w8, inverse_x, inverse_w, scales[2])
-        ctx.delayed, ctx.shape, ctx.weight_dtype = delayed, x.shape, weight.dtype
+        ctx.delayed, ctx.fast, ctx.shape, ctx.weight_dtype = delayed, fast_backward, x.shape, weight.dtype
         amax = torch.stack([_amax(x2), _amax(weight)])
         ctx.mark_non_differentiable(amax)
         return y.view(*x.shape[:-1], -1), amax
@@ -85,21 +86,23 @@ class _Float8Linear(torch.autograd.Function):
             scale_g = _own_scale(g, E5M2)
         g8, inverse_g = _cast(g, scale_g, E5M2), scale_g.reciprocal()
         grad_x = torch._scaled_mm(g8, w8.t().contiguous().t(), scale_a=inverse_g, scale_b=inverse_w,
-                                  out_dtype=grad.dtype)  # fmt: skip
+                                  out_dtype=grad.dtype, use_fast_accum=ctx.fast)  # fmt: skip
         grad_w = torch._scaled_mm(_pad_rows(g8).t().contiguous(), _pad_rows(x8).t().contiguous().t(),
-                                  scale_a=inverse_g, scale_b=inverse_x, out_dtype=ctx.weight_dtype)  # fmt: skip
-        return grad_x.view(ctx.shape), grad_w, _amax(g), None, None
+                                  scale_a=inverse_g, scale_b=inverse_x, out_dtype=ctx.weight_dtype,
+                                  use_fast_accum=ctx.fast)  # fmt: skip
+        return grad_x.view(ctx.shape), grad_w, _amax(g), None, None, None
 
 
 class DelayedFloat8Linear(torch.nn.Linear):
     """A ``torch.nn.Linear`` whose product runs in float8 with the scales of ``DelayedScales`` (its row ``index``
     there); the weight and bias parameters are the layer's it replaced."""
 
-    def __init__(self, linear: torch.nn.Linear, scales: DelayedScales, index: int):
+    def __init__(self, linear: torch.nn.Linear, scales: DelayedScales, index: int, fast_backward: bool = False):
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.index = index  # its row in ``DelayedScales`` (the forward reads the views below, not this)
+        # the row in ``DelayedScales`` (the forward reads the views below, not the index)
+        self.index, self.fast_backward = index, fast_backward
         # plain attributes, not buffers or submodules: views of the one ``DelayedScales`` of every layer, which
         # neither sharding nor ``.to()`` may replace; tensors, not an index, so one compiled block serves all
         self.__dict__.update(
@@ -107,7 +110,8 @@ class DelayedFloat8Linear(torch.nn.Linear):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y, amax = _Float8Linear.apply(x, self.weight, self.sink, self.scales, self.delayed_scales.calibrated)
+        calibrated = self.delayed_scales.calibrated
+        y, amax = _Float8Linear.apply(x, self.weight, self.sink, self.scales, calibrated, self.fast_backward)
         if self.training and torch.is_grad_enabled():
             self.amax.copy_(torch.maximum(self.amax, amax))
         return y if self.bias is None else y + self.bias
@@ -183,14 +187,15 @@ class DelayedScales:
 
 
 def convert_delayed(
-    model: torch.nn.Module, names: tuple[str, ...], history: int, device: torch.device
+    model: torch.nn.Module, names: tuple[str, ...], history: int, device: torch.device, fast_backward: bool = False
 ) -> DelayedScales:
     """Swap the linear layers ``names`` of ``model`` for ``DelayedFloat8Linear`` sharing one ``DelayedScales`` on
-    ``device``, registered as ``model``'s forward pre-hook; return it."""
+    ``device``, registered as ``model``'s forward pre-hook; return it. ``fast_backward``: the backward's products
+    accumulate the fast way too."""
     scales = DelayedScales(len(names), history, device)
     for index, name in enumerate(names):
         parent, _, leaf = name.rpartition(".")
         owner = model.get_submodule(parent)
-        setattr(owner, leaf, DelayedFloat8Linear(getattr(owner, leaf), scales, index))
+        setattr(owner, leaf, DelayedFloat8Linear(getattr(owner, leaf), scales, index, fast_backward))
     model.register_forward_pre_hook(scales.pre_hook, with_kwargs=True)
     return scales

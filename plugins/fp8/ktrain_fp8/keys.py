@@ -42,6 +42,11 @@ class Fp8Keys:
     fp8_amax_history_len: int = key(
         16, "fp8_recipe: delayed: how many training micro-steps of absolute maxima a layer's scales are taken from"
     )
+    fp8_fast_accumulation: bool = key(
+        False,
+        "accumulate the backward's float8 products (the input's and the weight's gradients) the fast way too, as "
+        "the forward's always are: fewer exact partial sums over the tokens, 3-5 ms less on the 1.5B shape's blocks",
+    )
     fp8_exclude_modules: list[str] = attrs.field(
         factory=lambda: ["lm_head"],
         metadata={

@@ -80,12 +80,15 @@ def convert(
         print(f"fp8: {plan.describe()}", flush=True)
     if config.fp8_recipe == "delayed":
         device = device or model.get_submodule(plan.converted[0]).weight.device
-        return convert_delayed(model, plan.converted, config.fp8_amax_history_len, device)
+        return convert_delayed(model, plan.converted, config.fp8_amax_history_len, device, config.fp8_fast_accumulation)
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     settings = Float8LinearConfig.from_recipe_name(config.fp8_recipe)
     if config.fp8_enable_fsdp_float8_all_gather:
         settings = dataclasses.replace(settings, enable_fsdp_float8_all_gather=True)
+    if config.fp8_fast_accumulation:
+        fast = dataclasses.replace(settings.gemm_config_grad_input, use_fast_accum=True)
+        settings = dataclasses.replace(settings, gemm_config_grad_input=fast, gemm_config_grad_weight=fast)
     chosen = set(plan.converted)
     convert_to_float8_training(model, module_filter_fn=lambda _, name: name in chosen, config=settings)
     return None

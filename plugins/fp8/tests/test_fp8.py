@@ -31,6 +31,7 @@ TINY = {**TINY_LLAMA, "use_cache": False}
 def _fp8_keys(**keys) -> types.SimpleNamespace:
     defaults = {
         "fp8_recipe": "tensorwise",
+        "fp8_fast_accumulation": False,
         "fp8_exclude_modules": ["lm_head"],
         "fp8_skip_small_layers": True,
         "fp8_enable_fsdp_float8_all_gather": False,

@@ -27,6 +27,7 @@ def _keys(**keys) -> types.SimpleNamespace:
     defaults = {
         "fp8_recipe": "delayed",
         "fp8_amax_history_len": 2,
+        "fp8_fast_accumulation": False,
         "fp8_exclude_modules": ["lm_head"],
         "fp8_skip_small_layers": False,
         "fp8_enable_fsdp_float8_all_gather": False,
@@ -150,3 +151,19 @@ def test_a_compiled_block_traces_whole_once_a_mode() -> None:
         assert got == pytest.approx(want, rel=1e-3)
     assert torch.count_nonzero(scales.history[:, 2, :2]) == 2 * len(scales.sinks)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+
+
+def test_fast_accumulation_reaches_the_backward_products_of_either_recipe() -> None:
+    """``fp8_fast_accumulation`` sets torchao's backward products' accumulation and the delayed layers' (the CPU's
+    emulated products have one way only: the values are not what is checked here)."""
+    torchao_model, delayed_model = _model(), _model()
+    convert(torchao_model, _keys(fp8_recipe="tensorwise", fp8_fast_accumulation=True))
+    convert(delayed_model, _keys(fp8_fast_accumulation=True))
+    layer = torchao_model.model.layers[0].mlp.up_proj
+    settings = layer.config
+    assert settings.gemm_config_output.use_fast_accum
+    assert settings.gemm_config_grad_input.use_fast_accum and settings.gemm_config_grad_weight.use_fast_accum
+    assert all(m.fast_backward for m in delayed_model.modules() if isinstance(m, DelayedFloat8Linear))
+    plain = _model()
+    convert(plain, _keys())
+    assert not any(m.fast_backward for m in plain.modules() if isinstance(m, DelayedFloat8Linear))

@@ -39,7 +39,8 @@ RUNS = {
 }
 """The runs compared: bf16; bf16 again (how far two runs of these nondeterministic kernels drift apart); the blocks
 in float8; the same with delayed scaling; the output layer's products in float8 too (in the fused loss).
-``KTRAIN_FP8_RUNS`` (comma-separated names) runs bf16 and those only; all five take about 11 minutes (three took 383 s on an H100)."""
+``KTRAIN_FP8_RUNS`` (comma-separated names) runs bf16 and those only; all five take about 11 minutes (three took
+383 s on an H100)."""
 TOLERANCE = {"bf16_again": 0.02, "fp8": 0.02, "fp8_delayed": 0.02, "fp8_output_layer": 0.05}
 """How far each run's mean loss of the last 10 steps may be from bf16's, relatively."""
 ANNOUNCED = {
