@@ -10,7 +10,7 @@
 # FlashAttention-4's, which tools/device/flash_attention_bench.sh with INSTALL_ONLY=1 installs in an earlier call
 # on the same machine), PARTS (shape, tensorwise (shape without rowwise), head (tensorwise with the output layer's
 # products in float8 inside the fused loss), delayed (tensorwise's layers under fp8_recipe: delayed), delayed_head
-# (both), loss (the fused loss's GPU tests and its output-layer benchmark with
+# (both), fastest (both with fp8_fast_accumulation), loss (the fused loss's GPU tests and its output-layer benchmark with
 # float8), packed, curve (the loss-curve test; KTRAIN_FP8_RUNS=fp8_delayed,... picks its runs beside bf16), profile, levers),
 # BENCH_ARGS, BENCH_TIMEOUT (s), PROFILE_ARGS (the profiled run's own, e.g. --set fp8_recipe=delayed), LEVERS_ARGS, LEVERS_TIMEOUT (s) choose what runs; levers:
 # plugins/fp8/benchmarks/levers.py (what each float8 lever is worth).
@@ -33,6 +33,8 @@ for part in ${PARTS:-shape packed}; do
     head)  bench fp8_head llama_1p5b_fp8_master --set fused_linear_cross_entropy_fp8=true ;;
     delayed) bench fp8_delayed llama_1p5b_fp8_master --set fp8_recipe=delayed ;;
     delayed_head) bench fp8_delayed_head llama_1p5b_fp8_master --set fp8_recipe=delayed --set fused_linear_cross_entropy_fp8=true ;;
+    fastest) bench fp8_fastest llama_1p5b_fp8_master --set fp8_recipe=delayed --set fused_linear_cross_entropy_fp8=true \
+               --set fp8_fast_accumulation=true ;;
     loss)  timeout ${LOSS_TIMEOUT:-120} python -m pytest -q -rs -p no:cacheprovider -m gpu plugins/fused_loss/tests/test_fused_loss_gpu.py \
              > "$OUT/b/fused_loss_gpu_tests.txt" 2>&1; echo "$(date +%T) fused loss gpu tests rc=$?"; tail -3 "$OUT/b/fused_loss_gpu_tests.txt"
            timeout 120 python plugins/fused_loss/benchmarks/output_loss.py --chunks 1 --liger-consts '' --float8 > "$OUT/b/output_loss.txt" 2>&1
