@@ -138,14 +138,17 @@ class DelayedScales:
         self.calibrated = False
         self.recorded = False
 
+    def _grad_maxima(self) -> torch.Tensor:
+        """The output gradients' maxima of the running micro-step, one a layer (0 before its backward)."""
+        zero = self.amax.new_zeros(())
+        return torch.stack([s.grad.detach() if s.grad is not None else zero for s in self.sinks])
+
     def roll(self) -> None:
         """Before a training forward: the last micro-step's maxima into the history, and the scales from it."""
         if self.recorded:
-            zero = self.amax.new_zeros(())
-            grads = torch.stack([s.grad.detach() if s.grad is not None else zero for s in self.sinks])
             self.history.copy_(self.history.roll(1, dims=2))
             self.history[:, :2, 0] = self.amax
-            self.history[:, 2, 0] = grads
+            self.history[:, 2, 0] = self._grad_maxima()
             largest = self.history.amax(dim=2)
             self.scales.copy_(torch.where(largest > 0, self.limits / largest.clamp(min=1e-30), self.scales))
             self.amax.zero_()
@@ -161,13 +164,11 @@ class DelayedScales:
 
     def state_dict(self) -> dict[str, Any]:
         """The histories, scales, running maxima and the flags: a resumed run casts as the uninterrupted one."""
-        zero = self.amax.new_zeros(())
-        grads = torch.stack([s.grad.detach() if s.grad is not None else zero for s in self.sinks])
         return {
             "history": self.history.cpu(),
             "scales": self.scales.cpu(),
             "amax": self.amax.cpu(),
-            "grad_amax": grads.cpu(),
+            "grad_amax": self._grad_maxima().cpu(),
             "calibrated": self.calibrated,
             "recorded": self.recorded,
         }
