@@ -295,6 +295,7 @@ PLUGIN_KEYS: dict[str, tuple[str, ...]] = {
         "fp8_recipe",
         "fp8_amax_history_len",
         "fp8_fast_accumulation",
+        "fp8_fused_mlp",
         "fp8_exclude_modules",
         "fp8_skip_small_layers",
         "fp8_enable_fsdp_float8_all_gather",

@@ -38,24 +38,31 @@ MULTIPLE = 16
 tokens pads them with zero rows where their count is not one."""
 
 
-def _cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def cast_saturated(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``x`` times ``scale`` in ``dtype``, saturated, row-major (as the products' first operand must be)."""
     limit = torch.finfo(dtype).max
     return (x.float() * scale).clamp(-limit, limit).to(dtype).contiguous()
 
 
-def _own_scale(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def own_scale(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The scale of ``x`` from its own absolute maximum (the first micro-step's)."""
     return torch.finfo(dtype).max / x.abs().amax().float().clamp(min=1e-12)
 
 
-def _amax(x: torch.Tensor) -> torch.Tensor:
+def abs_max(x: torch.Tensor) -> torch.Tensor:
+    """The largest absolute value of ``x``, in fp32."""
     return x.abs().amax().float()
 
 
-def _pad_rows(x: torch.Tensor) -> torch.Tensor:
+def padded_rows(rows: int) -> int:
+    """``rows`` rounded up to a multiple of ``MULTIPLE``."""
+    return -(-rows // MULTIPLE) * MULTIPLE
+
+
+def pad_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with zero rows appended up to ``padded_rows`` of its rows."""
     rows = x.shape[0]
-    return x if rows % MULTIPLE == 0 else F.pad(x, (0, 0, 0, MULTIPLE - rows % MULTIPLE))
+    return x if rows % MULTIPLE == 0 else F.pad(x, (0, 0, 0, padded_rows(rows) - rows))
 
 
 class _Float8Linear(torch.autograd.Function):
@@ -67,14 +74,14 @@ class _Float8Linear(torch.autograd.Function):
     def forward(ctx, x, weight, sink, scales, delayed: bool, fast_backward: bool):
         del sink
         x2 = x.reshape(-1, x.shape[-1])
-        scale_x = scales[0] if delayed else _own_scale(x2, E4M3)
-        scale_w = scales[1] if delayed else _own_scale(weight, E4M3)
-        x8, w8 = _cast(x2, scale_x, E4M3), _cast(weight, scale_w, E4M3)
+        scale_x = scales[0] if delayed else own_scale(x2, E4M3)
+        scale_w = scales[1] if delayed else own_scale(weight, E4M3)
+        x8, w8 = cast_saturated(x2, scale_x, E4M3), cast_saturated(weight, scale_w, E4M3)
         inverse_x, inverse_w = scale_x.reciprocal(), scale_w.reciprocal()
         y = torch._scaled_mm(x8, w8.t(), scale_a=inverse_x, scale_b=inverse_w, out_dtype=x.dtype, use_fast_accum=True)
         ctx.save_for_backward(x8, w8, inverse_x, inverse_w, scales[2])
         ctx.delayed, ctx.fast, ctx.shape, ctx.weight_dtype = delayed, fast_backward, x.shape, weight.dtype
-        amax = torch.stack([_amax(x2), _amax(weight)])
+        amax = torch.stack([abs_max(x2), abs_max(weight)])
         ctx.mark_non_differentiable(amax)
         return y.view(*x.shape[:-1], -1), amax
 
@@ -83,14 +90,14 @@ class _Float8Linear(torch.autograd.Function):
         x8, w8, inverse_x, inverse_w, scale_g = ctx.saved_tensors
         g = grad.reshape(-1, grad.shape[-1])
         if not ctx.delayed:
-            scale_g = _own_scale(g, E5M2)
-        g8, inverse_g = _cast(g, scale_g, E5M2), scale_g.reciprocal()
+            scale_g = own_scale(g, E5M2)
+        g8, inverse_g = cast_saturated(g, scale_g, E5M2), scale_g.reciprocal()
         grad_x = torch._scaled_mm(g8, w8.t().contiguous().t(), scale_a=inverse_g, scale_b=inverse_w,
                                   out_dtype=grad.dtype, use_fast_accum=ctx.fast)  # fmt: skip
-        grad_w = torch._scaled_mm(_pad_rows(g8).t().contiguous(), _pad_rows(x8).t().contiguous().t(),
+        grad_w = torch._scaled_mm(pad_rows(g8).t().contiguous(), pad_rows(x8).t().contiguous().t(),
                                   scale_a=inverse_g, scale_b=inverse_x, out_dtype=ctx.weight_dtype,
                                   use_fast_accum=ctx.fast)  # fmt: skip
-        return grad_x.view(ctx.shape), grad_w, _amax(g), None, None, None
+        return grad_x.view(ctx.shape), grad_w, abs_max(g), None, None, None
 
 
 class DelayedFloat8Linear(torch.nn.Linear):

@@ -42,8 +42,8 @@ def fsdp_version(config: Any) -> int | None:
 
 @hookimpl
 def ktrain_register_config(register) -> None:
-    """Declare ``fp8``, ``fp8_recipe``, ``fp8_amax_history_len``, ``fp8_fast_accumulation``, ``fp8_exclude_modules``,
-    ``fp8_skip_small_layers`` and ``fp8_enable_fsdp_float8_all_gather``."""
+    """Declare ``fp8``, ``fp8_recipe``, ``fp8_amax_history_len``, ``fp8_fast_accumulation``, ``fp8_fused_mlp``,
+    ``fp8_exclude_modules``, ``fp8_skip_small_layers`` and ``fp8_enable_fsdp_float8_all_gather``."""
     register(Fp8Keys)
 
 
@@ -66,16 +66,17 @@ def _check_device(config: Any, report: Any, launch: Any) -> None:
 def ktrain_validate_config(config: Any, report: Any, launch: Any) -> None:
     """The device, the keys that cannot work beside fp8, and the fp8 keys set without it."""
     if not config.fp8:
-        for name in ("fp8_recipe", "fp8_amax_history_len", "fp8_fast_accumulation", "fp8_exclude_modules",
-                     "fp8_skip_small_layers", "fp8_enable_fsdp_float8_all_gather"):  # fmt: skip
+        for name in ("fp8_recipe", "fp8_amax_history_len", "fp8_fast_accumulation", "fp8_fused_mlp",
+                     "fp8_exclude_modules", "fp8_skip_small_layers", "fp8_enable_fsdp_float8_all_gather"):  # fmt: skip
             if config.is_set(name):
                 report.warn(name, "has no effect without fp8: true")
         return
     _check_device(config, report, launch)
     if config.fp8_amax_history_len < 1:
         report.error("fp8_amax_history_len", f"must be at least 1, not {config.fp8_amax_history_len}")
-    elif config.is_set("fp8_amax_history_len") and config.fp8_recipe != "delayed":
-        report.warn("fp8_amax_history_len", f"has no effect with fp8_recipe: {config.fp8_recipe} (only with delayed)")
+    for name in ("fp8_amax_history_len", "fp8_fused_mlp"):
+        if config.is_set(name) and config.fp8_recipe != "delayed":
+            report.warn(name, f"has no effect with fp8_recipe: {config.fp8_recipe} (only with delayed)")
     for name, reason in REFUSED_WITH.items():
         if getattr(config, name, None) not in (None, False, 1, ""):
             report.error("fp8", f"cannot be used with {name}: {reason}; remove fp8 or {name}")

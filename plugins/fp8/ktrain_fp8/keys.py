@@ -47,6 +47,11 @@ class Fp8Keys:
         "accumulate the backward's float8 products (the input's and the weight's gradients) the fast way too, as "
         "the forward's always are: fewer exact partial sums over the tokens, 3-5 ms less on the 1.5B shape's blocks",
     )
+    fp8_fused_mlp: bool = key(
+        True,
+        "fp8_recipe: delayed: run each SwiGLU MLP whose three projections are float8 as one function, whose backward "
+        "reads the activations once for the SiLU's gradient, the casts and their maxima (one Triton pass on a GPU)",
+    )
     fp8_exclude_modules: list[str] = attrs.field(
         factory=lambda: ["lm_head"],
         metadata={

@@ -21,6 +21,7 @@ from ktrain.config.report import ConfigError, Report
 from ktrain_fp8.delayed import DelayedScales, convert_delayed
 from ktrain_fp8.keys import MIN_CAPABILITY
 from ktrain_fp8.plan import conversion_plan
+from ktrain_fp8.swiglu import fuse_swiglu
 
 
 def _refuse(config: Any, key: str, message: str) -> None:
@@ -76,11 +77,16 @@ def convert(
             f"leaves no linear layer of {type(model).__name__} to convert ({plan.describe()}); "
             "exclude fewer modules or set fp8_skip_small_layers: false",
         )
-    if announce:
-        print(f"fp8: {plan.describe()}", flush=True)
     if config.fp8_recipe == "delayed":
         device = device or model.get_submodule(plan.converted[0]).weight.device
-        return convert_delayed(model, plan.converted, config.fp8_amax_history_len, device, config.fp8_fast_accumulation)
+        history, fast = config.fp8_amax_history_len, config.fp8_fast_accumulation
+        scales = convert_delayed(model, plan.converted, history, device, fast)
+        fused = fuse_swiglu(model) if config.fp8_fused_mlp else []
+        if announce:
+            print(f"fp8: {plan.describe()}; {len(fused)} SwiGLU MLPs fused (fp8_fused_mlp)", flush=True)
+        return scales
+    if announce:
+        print(f"fp8: {plan.describe()}", flush=True)
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     settings = Float8LinearConfig.from_recipe_name(config.fp8_recipe)

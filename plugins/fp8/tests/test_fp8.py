@@ -135,13 +135,18 @@ def test_combinations_that_cannot_work_name_both_keys(root: Path) -> None:
     assert any("fp8_recipe: has no effect without fp8: true" in str(w) for w in plan.warnings)
 
 
-def test_the_delayed_recipe_checks_its_history_length(root: Path) -> None:
+def test_the_delayed_recipe_checks_its_keys(root: Path) -> None:
     def problems(**keys) -> str:
         return _problems(root, "cuda", (9, 0), torch_compile=True, **keys)
 
     assert "fp8_amax_history_len: must be at least 1, not 0" in problems(fp8_recipe="delayed", fp8_amax_history_len=0)
-    assert "has no effect with fp8_recipe: tensorwise (only with delayed)" in problems(fp8_amax_history_len=8)
-    assert problems(fp8_recipe="delayed", fp8_amax_history_len=8) == ""
+    assert "fp8_amax_history_len: has no effect with fp8_recipe: tensorwise (only with delayed)" in problems(
+        fp8_amax_history_len=8
+    )
+    assert "fp8_fused_mlp: has no effect with fp8_recipe: rowwise (only with delayed)" in problems(
+        fp8_recipe="rowwise", fp8_fused_mlp=False
+    )
+    assert problems(fp8_recipe="delayed", fp8_amax_history_len=8, fp8_fused_mlp=False) == ""
     gather = problems(fp8_recipe="delayed", fp8_enable_fsdp_float8_all_gather=True)
     assert "works with fp8_recipe: tensorwise only (torchao), not delayed" in gather
 

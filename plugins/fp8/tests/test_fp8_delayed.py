@@ -28,6 +28,7 @@ def _keys(**keys) -> types.SimpleNamespace:
         "fp8_recipe": "delayed",
         "fp8_amax_history_len": 2,
         "fp8_fast_accumulation": False,
+        "fp8_fused_mlp": False,
         "fp8_exclude_modules": ["lm_head"],
         "fp8_skip_small_layers": False,
         "fp8_enable_fsdp_float8_all_gather": False,
@@ -135,12 +136,14 @@ def test_the_scales_are_checkpoint_state_and_a_resume_casts_as_the_uninterrupted
         convert(_model(), _keys(fp8_amax_history_len=4)).load_state_dict(checkpoint["fp8"])
 
 
-def test_a_compiled_block_traces_whole_once_a_mode() -> None:
-    """Each block compiled whole (``fullgraph``): the history flows out of the compiled backward, the losses are
-    eager's, and the 2 blocks share 2 graphs (no history, then the history's scales)."""
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_compiled_block_traces_whole_once_a_mode(fused: bool) -> None:
+    """Each block compiled whole (``fullgraph``), with its MLP's layers apart or fused (``fp8_fused_mlp``): the
+    history flows out of the compiled backward, the losses are eager's, and the 2 blocks share 2 graphs (no
+    history, then the history's scales)."""
     eager, compiled = _model(), _model()
-    convert(eager, _keys())
-    scales = convert(compiled, _keys())
+    convert(eager, _keys(fp8_fused_mlp=fused))
+    scales = convert(compiled, _keys(fp8_fused_mlp=fused))
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     for block in compiled.model.layers:
