@@ -99,7 +99,8 @@ class _Float8SwiGLU(torch.autograd.Function):
         s_h = scales[2][0] if delayed else own_scale(hidden, E4M3)
         y = _mm(cast_saturated(hidden, s_h, E4M3), w8[2].t(), s_h.reciprocal(), i_down, x.dtype, True)
         x_max, h_max = abs_max(x2), abs_max(hidden)
-        amax = torch.stack([x_max, abs_max(w_gate), x_max, abs_max(w_up), h_max, abs_max(w_down)]).view(3, 2)
+        pairs = ((x_max, abs_max(w_gate)), (x_max, abs_max(w_up)), (h_max, abs_max(w_down)))
+        amax = torch.stack([torch.stack(pair) for pair in pairs])
         ctx.mark_non_differentiable(amax)
         ctx.save_for_backward(x8, *w8, gate, up, i_x, i_gate, i_up, i_down, s_h, *(s[2] for s in scales))
         ctx.delayed, ctx.fast, ctx.shape, ctx.weight_dtype = delayed, fast_backward, x.shape, w_gate.dtype
@@ -149,7 +150,7 @@ class DelayedFloat8SwiGLU(torch.nn.Module):
         y, amax = _Float8SwiGLU.apply(x, *weights, *sinks, *scales, calibrated, self.gate_proj.fast_backward)
         if self.training and torch.is_grad_enabled():
             for layer, maxima in zip(layers, amax, strict=True):
-                layer.amax.copy_(torch.maximum(layer.amax, maxima))
+                layer.amax.copy_(torch.maximum(layer.amax, maxima.detach()))
         return y
 
 

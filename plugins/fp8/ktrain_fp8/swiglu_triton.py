@@ -51,8 +51,12 @@ def _swiglu_backward_kernel(
     transposed = c64[:, None] * padded + r64[None, :]
     tl.store(grad_gate + offsets, q_gate, mask=tokens)
     tl.store(grad_up + offsets, q_up, mask=tokens)
-    tl.store(grad_gate_t + transposed, tl.trans(q_gate), mask=tl.trans(written))
-    tl.store(grad_up_t + transposed, tl.trans(q_up), mask=tl.trans(written))
+    # the transposed copies are converted from the transposed fp32 tile: transposing the e5m2 tile that is also
+    # stored row-major gave wrong values in a quarter of the elements on an H100 (torch 2.11's Triton); e4m3's did not
+    q_gate_t = tl.clamp(tl.trans(d_gate) * tl.load(scales), -GRAD_LIMIT, GRAD_LIMIT).to(grad_gate.dtype.element_ty)
+    q_up_t = tl.clamp(tl.trans(d_up) * tl.load(scales + 1), -GRAD_LIMIT, GRAD_LIMIT).to(grad_up.dtype.element_ty)
+    tl.store(grad_gate_t + transposed, q_gate_t, mask=tl.trans(written))
+    tl.store(grad_up_t + transposed, q_up_t, mask=tl.trans(written))
     tl.store(hidden_t + transposed, tl.trans(q_hidden), mask=tl.trans(written))
     tl.atomic_max(amax, tl.max(tl.max(tl.abs(d_gate), axis=1), axis=0))
     tl.atomic_max(amax + 1, tl.max(tl.max(tl.abs(d_up), axis=1), axis=0))
