@@ -10,7 +10,8 @@
 # FlashAttention-4's, which tools/device/flash_attention_bench.sh with INSTALL_ONLY=1 installs in an earlier call
 # on the same machine), PARTS (shape, tensorwise (shape without rowwise), bf16 (its first run alone), head (tensorwise with the output layer's
 # products in float8 inside the fused loss), delayed (tensorwise's layers under fp8_recipe: delayed, each apart), delayed_head
-# (both), fused (delayed_head with the SwiGLU MLPs fused, delayed's default), fastest (fused with fp8_fast_accumulation), loss (the fused loss's GPU tests and its output-layer benchmark with
+# (both), fused (delayed_head with the SwiGLU MLPs fused, delayed's default), fastest (fused with fp8_fast_accumulation), pass (plugins/fp8/benchmarks/swiglu_pass.py:
+# the fused MLP's backward pass at several tiles), loss (the fused loss's GPU tests and its output-layer benchmark with
 # float8), packed, curve (the loss-curve test; KTRAIN_FP8_RUNS=fp8_delayed,... picks its runs beside bf16), profile, levers),
 # BENCH_ARGS, BENCH_TIMEOUT (s), PROFILE_ARGS (the profiled run's own, e.g. --set fp8_recipe=delayed), LEVERS_ARGS, LEVERS_TIMEOUT (s) choose what runs; levers:
 # plugins/fp8/benchmarks/levers.py (what each float8 lever is worth).
@@ -38,6 +39,8 @@ for part in ${PARTS:-shape packed}; do
     fused) timeout 120 python -m pytest -q -rs -p no:cacheprovider -m gpu plugins/fp8/tests/test_fp8_swiglu.py > "$OUT/b/fused_mlp_gpu_test.txt" 2>&1
            echo "$(date +%T) fused mlp gpu test rc=$?"; tail -2 "$OUT/b/fused_mlp_gpu_test.txt"
            bench fp8_fused llama_1p5b_fp8_master --set fp8_recipe=delayed --set fused_linear_cross_entropy_fp8=true ;;
+    pass)  timeout 200 python plugins/fp8/benchmarks/swiglu_pass.py > "$OUT/b/swiglu_pass.txt" 2>&1; echo "$(date +%T) swiglu pass rc=$?"
+           grep -E "^(torch|[0-9]|tile|inductor)" "$OUT/b/swiglu_pass.txt" ;;
     fastest) bench fp8_fastest llama_1p5b_fp8_master --set fp8_recipe=delayed --set fused_linear_cross_entropy_fp8=true \
                --set fp8_fast_accumulation=true ;;
     loss)  timeout ${LOSS_TIMEOUT:-120} python -m pytest -q -rs -p no:cacheprovider -m gpu plugins/fused_loss/tests/test_fused_loss_gpu.py \
