@@ -282,3 +282,27 @@ def test_the_triton_kernel_on_a_gpu_writes_what_pytorch_computes() -> None:
         assert g.shape == w.shape and g.dtype == w.dtype
         assert (g.float() != w.float()).sum() <= w.numel() // 1000
     torch.testing.assert_close(got[5], want[5], rtol=1e-5, atol=0)
+
+
+def test_activation_checkpointing_recomputes_the_fused_mlp_exactly() -> None:
+    """With the blocks checkpointed (recomputed in the backward), three micro-steps give the losses, gradients and
+    histories of the run that keeps its activations, bit for bit: the recomputation casts with its forward's
+    scales and records the same maxima."""
+    kept, recomputed = _model(), _model()
+    histories = [convert(kept, _keys()).history, convert(recomputed, _keys()).history]
+    recomputed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        ids = torch.randint(0, 96, (2, 32), generator=generator)
+        results = []
+        for model in (kept, recomputed):
+            model.train()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+            results.append((loss.item(), grads))
+            model.zero_grad(set_to_none=True)
+        (loss, grads), (again, regrads) = results
+        assert loss == again and grads.keys() == regrads.keys() and len(grads) == 21
+        assert all(torch.equal(grads[n], regrads[n]) for n in grads)
+    assert torch.equal(histories[0], histories[1]) and histories[0][:, 2].count_nonzero() > 0
