@@ -9,37 +9,18 @@ micro-steps cast with the largest maxima of the last ``fp8_amax_history_len`` on
 
 from __future__ import annotations
 
+import functools
 import io
 import types
 
 import pytest
 import torch
-import transformers
+from fp8_tiny import delayed_keys, tiny_llama
 
-from ktrain.testing.assets import TINY_LLAMA
 from ktrain_fp8.delayed import LIMITS, DelayedFloat8Linear, DelayedScales
 from ktrain_fp8.runtime import Fp8Training, convert
 
-TINY = {**TINY_LLAMA, "use_cache": False}
-
-
-def _keys(**keys) -> types.SimpleNamespace:
-    defaults = {
-        "fp8_recipe": "delayed",
-        "fp8_amax_history_len": 2,
-        "fp8_fast_accumulation": False,
-        "fp8_fused_mlp": False,
-        "fp8_exclude_modules": ["lm_head"],
-        "fp8_skip_small_layers": False,
-        "fp8_enable_fsdp_float8_all_gather": False,
-        "source": "run.yaml",
-    }
-    return types.SimpleNamespace(**{**defaults, **keys})
-
-
-def _model(seed: int = 0) -> transformers.PreTrainedModel:
-    torch.manual_seed(seed)
-    return transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**TINY)).to(torch.bfloat16)
+_keys = functools.partial(delayed_keys, fp8_fused_mlp=False)
 
 
 def _batches(count: int) -> list[torch.Tensor]:
@@ -57,7 +38,7 @@ def _micro_step(model: torch.nn.Module, ids: torch.Tensor) -> tuple[float, dict[
 
 
 def test_the_first_micro_step_is_tensorwise_and_later_ones_cast_with_the_history() -> None:
-    tensorwise, delayed = _model(), _model()
+    tensorwise, delayed = tiny_llama(), tiny_llama()
     convert(tensorwise, _keys(fp8_recipe="tensorwise"))
     scales = convert(delayed, _keys())
     layers = [m for m in delayed.modules() if isinstance(m, DelayedFloat8Linear)]
@@ -97,7 +78,7 @@ def test_the_first_micro_step_is_tensorwise_and_later_ones_cast_with_the_history
 def test_the_scales_are_checkpoint_state_and_a_resume_casts_as_the_uninterrupted_run() -> None:
     """The runtime object hands the scales to the kernel's checkpoint (``rank-R.pt``, read with
     ``weights_only=True``); a model restored with them trains on exactly as the one that went on."""
-    model = _model()
+    model = tiny_llama()
     runtime = Fp8Training(_keys(fp8_amax_history_len=3))
     runtime.ktrain_parallelize(model, types.SimpleNamespace(is_main=False, device=torch.device("cpu")))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -125,7 +106,7 @@ def test_the_scales_are_checkpoint_state_and_a_resume_casts_as_the_uninterrupted
     uninterrupted = go_on(model)
     saved.seek(0)
     checkpoint = torch.load(saved, weights_only=True)
-    resumed, fresh = _model(seed=5), _model(seed=5)
+    resumed, fresh = tiny_llama(seed=5), tiny_llama(seed=5)
     for restored in (resumed, fresh):
         restored.load_state_dict(checkpoint["model"])
     convert(resumed, _keys(fp8_amax_history_len=3)).load_state_dict(checkpoint["fp8"])
@@ -133,7 +114,7 @@ def test_the_scales_are_checkpoint_state_and_a_resume_casts_as_the_uninterrupted
     assert go_on(resumed) == uninterrupted
     assert go_on(fresh) != uninterrupted  # without the scales the first step casts by its own maxima
     with pytest.raises(ValueError, match="resume with the fp8 keys it was saved with"):
-        convert(_model(), _keys(fp8_amax_history_len=4)).load_state_dict(checkpoint["fp8"])
+        convert(tiny_llama(), _keys(fp8_amax_history_len=4)).load_state_dict(checkpoint["fp8"])
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -141,7 +122,7 @@ def test_a_compiled_block_traces_whole_once_a_mode(fused: bool) -> None:
     """Each block compiled whole (``fullgraph``), with its MLP's layers apart or fused (``fp8_fused_mlp``): the
     history flows out of the compiled backward, the losses are eager's, and the 2 blocks share 2 graphs (no
     history, then the history's scales)."""
-    eager, compiled = _model(), _model()
+    eager, compiled = tiny_llama(), tiny_llama()
     convert(eager, _keys(fp8_fused_mlp=fused))
     scales = convert(compiled, _keys(fp8_fused_mlp=fused))
     torch._dynamo.reset()
@@ -159,7 +140,7 @@ def test_a_compiled_block_traces_whole_once_a_mode(fused: bool) -> None:
 def test_fast_accumulation_reaches_the_backward_products_of_either_recipe() -> None:
     """``fp8_fast_accumulation`` sets torchao's backward products' accumulation and the delayed layers' (the CPU's
     emulated products have one way only: the values are not what is checked here)."""
-    torchao_model, delayed_model = _model(), _model()
+    torchao_model, delayed_model = tiny_llama(), tiny_llama()
     convert(torchao_model, _keys(fp8_recipe="tensorwise", fp8_fast_accumulation=True))
     convert(delayed_model, _keys(fp8_fast_accumulation=True))
     layer = torchao_model.model.layers[0].mlp.up_proj
@@ -167,6 +148,6 @@ def test_fast_accumulation_reaches_the_backward_products_of_either_recipe() -> N
     assert settings.gemm_config_output.use_fast_accum
     assert settings.gemm_config_grad_input.use_fast_accum and settings.gemm_config_grad_weight.use_fast_accum
     assert all(m.fast_backward for m in delayed_model.modules() if isinstance(m, DelayedFloat8Linear))
-    plain = _model()
+    plain = tiny_llama()
     convert(plain, _keys())
     assert not any(m.fast_backward for m in plain.modules() if isinstance(m, DelayedFloat8Linear))

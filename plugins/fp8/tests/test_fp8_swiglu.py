@@ -8,39 +8,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-import transformers
+from fp8_tiny import delayed_keys, tiny_llama
 
-from ktrain.testing.assets import TINY_LLAMA
 from ktrain_fp8.delayed import E4M3, E5M2, DelayedFloat8Linear
 from ktrain_fp8.runtime import convert
 from ktrain_fp8.swiglu import DelayedFloat8SwiGLU
-
-TINY = {**TINY_LLAMA, "use_cache": False}
-
-
-def _keys(**keys) -> types.SimpleNamespace:
-    defaults = {
-        "fp8_recipe": "delayed",
-        "fp8_amax_history_len": 2,
-        "fp8_fast_accumulation": False,
-        "fp8_fused_mlp": True,
-        "fp8_exclude_modules": ["lm_head"],
-        "fp8_skip_small_layers": False,
-        "fp8_enable_fsdp_float8_all_gather": False,
-        "source": "run.yaml",
-    }
-    return types.SimpleNamespace(**{**defaults, **keys})
-
-
-def _model(seed: int = 0) -> transformers.PreTrainedModel:
-    torch.manual_seed(seed)
-    return transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**TINY)).to(torch.bfloat16)
 
 
 def _dequantized(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -91,8 +68,8 @@ def test_the_fused_mlp_is_the_float8_computation_written_out(delayed: bool) -> N
     a float8 cast by a step; measured: at most 1e-4), with the scales of the history (``delayed``) or each
     tensor's own (the first micro-step); the layers' maxima and the output gradients' reach the history's
     inputs."""
-    model = _model()
-    scales = convert(model, _keys())
+    model = tiny_llama()
+    scales = convert(model, delayed_keys())
     mlp = model.model.layers[0].mlp
     assert isinstance(mlp, DelayedFloat8SwiGLU)
     layers = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
@@ -135,19 +112,19 @@ def test_the_fused_mlp_is_the_float8_computation_written_out(delayed: bool) -> N
 def test_the_mlps_whose_three_projections_are_float8_are_fused() -> None:
     """Every block of the tiny Llama: the MLP is replaced, its parameters keep their names; an MLP with a
     projection kept in bf16, the key off, or a torchao recipe: nothing fused."""
-    model = _model()
+    model = tiny_llama()
     names = list(model.state_dict())
-    convert(model, _keys())
+    convert(model, delayed_keys())
     assert all(isinstance(block.mlp, DelayedFloat8SwiGLU) for block in model.model.layers)
     assert list(model.state_dict()) == names
     assert all(isinstance(layer, DelayedFloat8Linear) for layer in model.model.layers[1].mlp.children())
-    partly, off = _model(), _model()
-    convert(partly, _keys(fp8_exclude_modules=["lm_head", "layers.1.mlp.down_proj"]))
-    convert(off, _keys(fp8_fused_mlp=False))
+    partly, off = tiny_llama(), tiny_llama()
+    convert(partly, delayed_keys(fp8_exclude_modules=["lm_head", "layers.1.mlp.down_proj"]))
+    convert(off, delayed_keys(fp8_fused_mlp=False))
     assert [type(block.mlp).__name__ for block in partly.model.layers] == ["DelayedFloat8SwiGLU", "LlamaMLP"]
     assert [type(block.mlp).__name__ for block in off.model.layers] == ["LlamaMLP", "LlamaMLP"]
-    model = _model()
-    convert(model, _keys(fp8_recipe="tensorwise"))
+    model = tiny_llama()
+    convert(model, delayed_keys(fp8_recipe="tensorwise"))
     assert not any(isinstance(m, DelayedFloat8SwiGLU) for m in model.modules())
 
 
@@ -156,8 +133,8 @@ def test_a_fused_model_trains_as_the_unfused_one() -> None:
     losses agree with the unfused layers' within 1e-3 (the fused MLP computes its activation in fp32, the
     unfused ones round it to bf16, which moves some float8 casts by a step); so do the histories of the inputs
     and weights within 5%, and of the output gradients, which float8 products compute, within 10%."""
-    fused, unfused = _model(), _model()
-    histories = [convert(fused, _keys()).history, convert(unfused, _keys(fp8_fused_mlp=False)).history]
+    fused, unfused = tiny_llama(), tiny_llama()
+    histories = [convert(fused, delayed_keys()).history, convert(unfused, delayed_keys(fp8_fused_mlp=False)).history]
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (fused, unfused)]
     generator = torch.Generator().manual_seed(1)
     for _ in range(4):
@@ -288,8 +265,8 @@ def test_activation_checkpointing_recomputes_the_fused_mlp_exactly() -> None:
     """With the blocks checkpointed (recomputed in the backward), three micro-steps give the losses, gradients and
     histories of the run that keeps its activations, bit for bit: the recomputation casts with its forward's
     scales and records the same maxima."""
-    kept, recomputed = _model(), _model()
-    histories = [convert(kept, _keys()).history, convert(recomputed, _keys()).history]
+    kept, recomputed = tiny_llama(), tiny_llama()
+    histories = [convert(kept, delayed_keys()).history, convert(recomputed, delayed_keys()).history]
     recomputed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     generator = torch.Generator().manual_seed(1)
     for _ in range(3):
