@@ -7,7 +7,7 @@ several passes over the intermediate features (tokens x 8,192 on the 1.5B shape)
 intermediates between them: on the 1.5B shape 3.8 GB of traffic a block, against 1.3 GB for the same part of
 bf16's backward. With delayed scaling every scale is known before the pass, so one pass can do all of it:
 ``swiglu_backward_float8`` (Triton on a GPU, ``ktrain_fp8.swiglu_triton``; this module's PyTorch version
-elsewhere) reads the three tensors once and writes 1.5 GB.
+elsewhere) reads the three tensors once: 1.5 GB read and written.
 
 The MLP keeps its three layers as submodules (the same parameter names, scales and histories); its forward
 is ``down(silu(gate(x)) * up(x))``, each product in float8 as in ``ktrain_fp8.delayed``, and the input is cast
