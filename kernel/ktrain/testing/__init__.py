@@ -17,7 +17,9 @@ entry point, so unrelated test suites do not see it. It gives:
 - for tests that lay out their own folder: ``model_dir(root, weights=False)`` (the tiny model in
   ``root/model``), ``dataset(root, rows)`` (``root/train.jsonl``), ``write_config(root, name, **keys)`` and
   ``ktrain(*args)`` (a fresh process), from ``ktrain.testing.runs``; ``write_model_dir`` and
-  ``write_chat_dataset`` write the model and data anywhere.
+  ``write_chat_dataset`` write the model and data anywhere;
+- ``ktrain.testing.triton_interpreter.converted_as_interpreted``: float8 as Triton's CPU interpreter converts
+  to it, for tests of Triton kernels on a CPU (imported on its own, not by this package).
 
 PYTEST_DONT_REWRITE: every check of the suite carries its own message, so this package need not be
 rewritten, and a test module that imports it before declaring ``pytest_plugins`` gets no warning.

@@ -155,26 +155,15 @@ def test_a_fused_model_trains_as_the_unfused_one() -> None:
 INTERPRETED = """
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
+from ktrain.testing.triton_interpreter import converted_as_interpreted
 from ktrain_fp8.delayed import E4M3, E5M2
 from ktrain_fp8.swiglu_triton import swiglu_backward_float8
 
 
-@triton.jit
-def _convert(source, target, n, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(source + offsets, mask=offsets < n)
-    tl.store(target + offsets, x.to(target.dtype.element_ty), mask=offsets < n)
-
-
 def converted(values, scale, dtype):
     limit = torch.finfo(dtype).max
-    values = (values * scale).clamp(-limit, limit).contiguous()
-    out = torch.empty(values.shape, dtype=dtype)
-    _convert[(triton.cdiv(values.numel(), 1024),)](values, out, values.numel(), BLOCK=1024)
-    return out.float()
+    return converted_as_interpreted((values * scale).clamp(-limit, limit), dtype).float()
 
 
 torch.manual_seed(0)

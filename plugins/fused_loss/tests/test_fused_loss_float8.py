@@ -66,19 +66,10 @@ def test_the_logits_are_computed_a_chunk_of_rows_at_a_time(monkeypatch: pytest.M
 
 INTERPRETED = """
 import torch
-import triton
-import triton.language as tl
 
+from ktrain.testing.triton_interpreter import converted_as_interpreted
 from ktrain_fused_loss.float8_output import E5M2, GRAD_SCALE
 from ktrain_fused_loss.float8_triton import cross_entropy_float8
-
-
-@triton.jit
-def _convert(source, target, n, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(source + offsets, mask=offsets < n)
-    tl.store(target + offsets, x.to(target.dtype.element_ty), mask=offsets < n)
-
 
 torch.manual_seed(0)
 logits = (torch.randn(70, 300) * 4).bfloat16()
@@ -93,9 +84,7 @@ lse = full.logsumexp(-1)
 valid = labels != -100
 want = (full - lse[:, None]).exp() - torch.nn.functional.one_hot(labels.clamp(min=0), 300)
 want = (want * (valid * GRAD_SCALE)[:, None]).contiguous()
-converted = torch.empty(70, 300, dtype=E5M2)
-_convert[(triton.cdiv(want.numel(), 1024),)](want, converted, want.numel(), BLOCK=1024)
-converted = torch.nn.functional.pad(converted.float(), (0, 4))
+converted = torch.nn.functional.pad(converted_as_interpreted(want, E5M2).float(), (0, 4))
 want_losses = torch.where(valid, lse - full.gather(1, labels.clamp(min=0)[:, None])[:, 0], 0.0)
 torch.save([losses, grad.float(), grad_t.float(), want_losses, converted], "results.pt")
 """
