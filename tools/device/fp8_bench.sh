@@ -40,7 +40,7 @@ for part in ${PARTS:-shape packed}; do
            echo "$(date +%T) fused mlp gpu test rc=$?"; tail -2 "$OUT/b/fused_mlp_gpu_test.txt"
            bench fp8_fused llama_1p5b_fp8_master --set fp8_recipe=delayed --set fused_linear_cross_entropy_fp8=true ;;
     pass)  timeout 200 python plugins/fp8/benchmarks/swiglu_pass.py > "$OUT/b/swiglu_pass.txt" 2>&1; echo "$(date +%T) swiglu pass rc=$?"
-           grep -E "^(torch|[0-9]|tile|inductor)" "$OUT/b/swiglu_pass.txt" ;;
+           grep -E "^(torch|[0-9]|tile|inductor|forward)" "$OUT/b/swiglu_pass.txt" ;;
     fastest) bench fp8_fastest llama_1p5b_fp8_master --set fp8_recipe=delayed --set fused_linear_cross_entropy_fp8=true \
                --set fp8_fast_accumulation=true ;;
     loss)  timeout ${LOSS_TIMEOUT:-120} python -m pytest -q -rs -p no:cacheprovider -m gpu plugins/fused_loss/tests/test_fused_loss_gpu.py \

@@ -4,7 +4,8 @@ On the 1.5B shape's MLP (``--tokens`` x 8,192 intermediate features; 16,384 toke
 times ``ktrain_fp8.swiglu_triton``'s kernel for each tile (rows x columns, warps) and prints ms, the bytes it
 reads and writes (three bf16 tensors in, five float8 ones out) over the time, and whether its outputs are those of
 the tile the plugin uses. Then the PyTorch version of the same pass compiled by inductor (``torch.compile``, the
-code a compiled block would get without the Triton op), for comparison. Each figure is the median of the runs
+code a compiled block would get without the Triton op), for comparison; and the forward's pass (two bf16
+tensors in, one float8 out) beside its compiled PyTorch version. Each figure is the median of the runs
 that fit in ``--rep-ms`` milliseconds after warm-up (``triton.testing.do_bench``).
 
     python plugins/fp8/benchmarks/swiglu_pass.py [--tokens 16384] [--rep-ms 100]
@@ -19,8 +20,8 @@ import triton
 import triton.testing
 
 from ktrain_fp8.delayed import E4M3, E5M2, padded_rows
-from ktrain_fp8.swiglu import swiglu_backward_float8_reference
-from ktrain_fp8.swiglu_triton import COLUMNS, ROWS, WARPS, _swiglu_backward_kernel
+from ktrain_fp8.swiglu import swiglu_backward_float8_reference, swiglu_forward_float8_reference
+from ktrain_fp8.swiglu_triton import COLUMNS, ROWS, WARPS, _swiglu_backward_kernel, swiglu_forward_float8
 
 TILES = [(64, 128, 8), (64, 64, 4), (128, 64, 8), (128, 128, 8), (32, 128, 4), (64, 256, 8), (128, 128, 16)]
 """(rows, columns, warps) timed; the first is the plugin's."""
@@ -71,12 +72,19 @@ def main() -> None:
             lambda r=rows_tile, c=columns_tile, w=warps, o=out: _launch(grad_h, gate, up, scales, o, r, c, w),
             rep=args.rep_ms, return_mode="median",
         )  # fmt: skip
-        print(f"tile {rows_tile} x {columns_tile}, {warps} warps: {ms:.3f} ms, {gigabytes / ms:.0f} GB/s"
+        print(f"tile {rows_tile} x {columns_tile}, {warps} warps: {ms:.3f} ms, {gigabytes / ms * 1e3:.0f} GB/s"
               f"{'' if same else ', outputs differ from the first tile'}")  # fmt: skip
     compiled = torch.compile(swiglu_backward_float8_reference)
     compiled(grad_h, gate, up, scales)
     ms = triton.testing.do_bench(lambda: compiled(grad_h, gate, up, scales), rep=args.rep_ms, return_mode="median")
-    print(f"inductor, the PyTorch version compiled: {ms:.3f} ms, {gigabytes / ms:.0f} GB/s of the same bytes")
+    print(f"inductor, the PyTorch version compiled: {ms:.3f} ms, {gigabytes / ms * 1e3:.0f} GB/s of the same bytes")
+    forward_gigabytes = (2 * 2 + 1) * gate.numel() / 1e9
+    reference = torch.compile(swiglu_forward_float8_reference)
+    forwards = {"forward kernel": swiglu_forward_float8, "forward, inductor": reference}
+    for name, forward in forwards.items():
+        forward(gate, up, scales[2:])
+        ms = triton.testing.do_bench(lambda f=forward: f(gate, up, scales[2:]), rep=args.rep_ms, return_mode="median")
+        print(f"{name}: {ms:.3f} ms, {forward_gigabytes / ms * 1e3:.0f} GB/s of {forward_gigabytes:.3f} GB")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ several passes over the intermediate features (tokens x 8,192 on the 1.5B shape)
 intermediates between them: on the 1.5B shape 3.8 GB of traffic a block, against 1.3 GB for the same part of
 bf16's backward. With delayed scaling every scale is known before the pass, so one pass can do all of it:
 ``swiglu_backward_float8`` (Triton on a GPU, ``ktrain_fp8.swiglu_triton``; this module's PyTorch version
-elsewhere) reads the three tensors once: 1.5 GB read and written.
+elsewhere) reads the three tensors once: 1.5 GB read and written. The forward's activation, its float8 copy
+and its maximum are one pass too (``swiglu_forward_float8``), where inductor reads the gate and up projections'
+outputs twice.
 
 The MLP keeps its three layers as submodules (the same parameter names, scales and histories); its forward
 is ``down(silu(gate(x)) * up(x))``, each product in float8 as in ``ktrain_fp8.delayed``, and the input is cast
@@ -58,6 +60,22 @@ def swiglu_backward_float8_reference(
     return q_gate, grad_gate_t, q_up, grad_up_t, hidden_t, maxima
 
 
+def swiglu_forward_float8_reference(
+    gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hidden activation ``silu(gate) * up`` in e4m3 at ``scale`` (row-major) and its absolute maximum."""
+    hidden = F.silu(gate.float()) * up.float()
+    return cast_saturated(hidden, scale, E4M3), abs_max(hidden)
+
+
+def _swiglu_forward_float8(gate, up, scale):
+    if gate.is_cuda:
+        from ktrain_fp8.swiglu_triton import swiglu_forward_float8
+
+        return swiglu_forward_float8(gate, up, scale)
+    return swiglu_forward_float8_reference(gate, up, scale)
+
+
 def _swiglu_backward_float8(grad_h, gate, up, scales):
     if gate.is_cuda:
         from ktrain_fp8.swiglu_triton import swiglu_backward_float8
@@ -95,10 +113,15 @@ class _Float8SwiGLU(torch.autograd.Function):
         i_x, (i_gate, i_up, i_down) = s_x.reciprocal(), (s.reciprocal() for s in s_w)
         gate = _mm(x8, w8[0].t(), i_x, i_gate, x.dtype, True)
         up = _mm(x8, w8[1].t(), i_x, i_up, x.dtype, True)
-        hidden = F.silu(gate.float()) * up.float()
-        s_h = scales[2][0] if delayed else own_scale(hidden, E4M3)
-        y = _mm(cast_saturated(hidden, s_h, E4M3), w8[2].t(), s_h.reciprocal(), i_down, x.dtype, True)
-        x_max, h_max = abs_max(x2), abs_max(hidden)
+        if delayed:
+            s_h = scales[2][0]
+            h8, h_max = _swiglu_forward_float8(gate, up, s_h)
+        else:
+            hidden = F.silu(gate.float()) * up.float()
+            s_h = own_scale(hidden, E4M3)
+            h8, h_max = cast_saturated(hidden, s_h, E4M3), abs_max(hidden)
+        y = _mm(h8, w8[2].t(), s_h.reciprocal(), i_down, x.dtype, True)
+        x_max = abs_max(x2)
         pairs = ((x_max, abs_max(w_gate)), (x_max, abs_max(w_up)), (h_max, abs_max(w_down)))
         amax = torch.stack([torch.stack(pair) for pair in pairs])
         ctx.mark_non_differentiable(amax)

@@ -1,8 +1,12 @@
-"""The SwiGLU MLP's backward pointwise part with its float8 casts, in one pass (Triton; GPU only).
+"""The SwiGLU MLP's pointwise parts with their float8 casts, each in one pass (Triton; GPU only).
 
-From the gradient of the MLP's hidden activation and the gate and up projections' outputs, each program takes a
-tile of tokens x intermediate features, reads the three once and writes, all in float8 with the scales given
-(delayed scaling: known before the pass):
+The forward reads the gate and up projections' outputs once and writes the hidden activation ``silu(gate) * up``
+in e4m3 at the scale given, and its absolute maximum by atomic maxima. Compiled inductor code reads both twice:
+in the profile of the 1.5B shape's step, one kernel takes the maximum and another casts.
+
+The backward: from the gradient of the MLP's hidden activation and the gate and up projections' outputs, each
+program takes a tile of tokens x intermediate features, reads the three once and writes, all in float8 with the
+scales given (delayed scaling: known before the pass):
 
 - the gate's and the up projection's output gradients, each row-major and transposed (the layouts of the two
   products of each layer's backward), in e5m2;
@@ -25,6 +29,20 @@ from ktrain_fp8.delayed import E4M3, E5M2, padded_rows
 
 ROWS, COLUMNS = 64, 128
 WARPS = 8
+"""The backward's tile (tokens x features) and warps a program."""
+BLOCK, BLOCK_WARPS = 4096, 8
+"""The forward's elements and warps a program."""
+
+
+@triton.jit
+def _swiglu_forward_kernel(gate, up, n, scale, hidden, amax, LIMIT: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offsets < n
+    a = tl.load(gate + offsets, mask=inside, other=0.0).to(tl.float32)
+    b = tl.load(up + offsets, mask=inside, other=0.0).to(tl.float32)
+    h = a * tl.sigmoid(a) * b
+    tl.store(hidden + offsets, tl.clamp(h * tl.load(scale), -LIMIT, LIMIT).to(hidden.dtype.element_ty), mask=inside)
+    tl.atomic_max(amax, tl.max(tl.abs(h), axis=0))
 
 
 @triton.jit
@@ -60,6 +78,21 @@ def _swiglu_backward_kernel(
     tl.store(hidden_t + transposed, tl.trans(q_hidden), mask=tl.trans(written))
     tl.atomic_max(amax, tl.max(tl.max(tl.abs(d_gate), axis=1), axis=0))
     tl.atomic_max(amax + 1, tl.max(tl.max(tl.abs(d_up), axis=1), axis=0))
+
+
+@triton_op("ktrain_fp8::swiglu_forward_float8", mutates_args=())
+def swiglu_forward_float8(
+    gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ktrain_fp8.swiglu.swiglu_forward_float8_reference``'s outputs from one pass over contiguous ``gate`` and
+    ``up``; ``scale``: the hidden activation's (fp32, one element)."""
+    hidden = gate.new_empty(gate.shape, dtype=E4M3)
+    amax = gate.new_zeros((), dtype=torch.float32)
+    n = gate.numel()
+    wrap_triton(_swiglu_forward_kernel)[(triton.cdiv(n, BLOCK),)](
+        gate, up, n, scale, hidden, amax, LIMIT=torch.finfo(E4M3).max, BLOCK=BLOCK, num_warps=BLOCK_WARPS
+    )
+    return hidden, amax
 
 
 @triton_op("ktrain_fp8::swiglu_backward_float8", mutates_args=())

@@ -158,7 +158,7 @@ import torch.nn.functional as F
 
 from ktrain.testing.triton_interpreter import converted_as_interpreted
 from ktrain_fp8.delayed import E4M3, E5M2
-from ktrain_fp8.swiglu_triton import swiglu_backward_float8
+from ktrain_fp8.swiglu_triton import swiglu_backward_float8, swiglu_forward_float8
 
 
 def converted(values, scale, dtype):
@@ -176,7 +176,8 @@ hidden = F.silu(a) * b
 d_gate, d_up = torch.autograd.grad(hidden, (a, b), grad_h.float())
 want = [converted(d_gate, scales[0], E5M2), converted(d_up, scales[1], E5M2), converted(hidden, scales[2], E4M3)]
 maxima = torch.stack([d_gate.abs().amax(), d_up.abs().amax()])
-torch.save([[t.float() for t in got], want, maxima], "results.pt")
+forward = swiglu_forward_float8(gate, up, scales[2:])
+torch.save([[t.float() for t in got], want, maxima, [t.float() for t in forward], hidden.abs().amax()], "results.pt")
 """
 
 
@@ -186,12 +187,13 @@ def test_the_triton_kernel_writes_what_pytorch_computes_in_triton_s_interpreter(
     gradients by autograd and the activation, scaled, saturated and converted to float8 the interpreter's way
     (which is not torch's: it rounds toward zero); the transposed copies padded to 80 tokens with zeros; the
     maxima folded in from every program. A few elements may differ where two exponentials round differently at
-    a float8 boundary."""
+    a float8 boundary. The forward's kernel, on the same gate and up, six programs too: the activation as the
+    backward writes it transposed, and its maximum."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", INTERPRETED], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    got, want, maxima = torch.load(tmp_path / "results.pt", weights_only=True)
+    got, want, maxima, forward, hidden_max = torch.load(tmp_path / "results.pt", weights_only=True)
     grad_gate, grad_gate_t, grad_up, grad_up_t, hidden_t, got_maxima = got
     for rows, transposed, expected in ((grad_gate, grad_gate_t, want[0]), (grad_up, grad_up_t, want[1])):
         assert (rows != expected).sum() <= expected.numel() // 1000
@@ -200,6 +202,9 @@ def test_the_triton_kernel_writes_what_pytorch_computes_in_triton_s_interpreter(
     assert (hidden_t[:, :70] != want[2].t()).sum() <= want[2].numel() // 1000 and (hidden_t[:, 70:] == 0).all()
     assert hidden_t.abs().max() == 448  # saturated, not infinite
     torch.testing.assert_close(got_maxima, maxima, rtol=1e-5, atol=0)
+    hidden, got_hidden_max = forward
+    assert (hidden != want[2]).sum() <= want[2].numel() // 1000 and hidden.abs().max() == 448
+    torch.testing.assert_close(got_hidden_max, hidden_max, rtol=1e-5, atol=0)
 
 
 def test_the_triton_kernel_compiles_for_hopper_without_a_gpu() -> None:
@@ -225,6 +230,22 @@ def test_the_triton_kernel_compiles_for_hopper_without_a_gpu() -> None:
     assert "cvt.rn.satfinite.e4m3x2.f32" in compiled.asm["ptx"]
 
 
+def test_the_forward_s_triton_kernel_compiles_for_hopper_without_a_gpu() -> None:
+    """The forward's kernel likewise, with its conversion to e4m3 the hardware's round-to-nearest."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ktrain_fp8.swiglu_triton import BLOCK, BLOCK_WARPS, _swiglu_forward_kernel
+
+    signature = {"gate": "*bf16", "up": "*bf16", "n": "i32", "scale": "*fp32", "hidden": "*fp8e4nv", "amax": "*fp32"}
+    constants = {"LIMIT": 448.0, "BLOCK": BLOCK}
+    signature |= dict.fromkeys(constants, "constexpr")
+    source = ASTSource(fn=_swiglu_forward_kernel, signature=signature, constexprs=constants)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": BLOCK_WARPS})
+    assert compiled.asm["cubin"] and "cvt.rn.satfinite.e4m3x2.f32" in compiled.asm["ptx"]
+
+
 def _cuda_capable() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 
@@ -234,9 +255,9 @@ def _cuda_capable() -> bool:
 def test_the_triton_kernel_on_a_gpu_writes_what_pytorch_computes() -> None:
     """Compiled for the GPU, on the 1.5B shape's MLP (4,090 tokens, padded to 4,096, x 8,192 features): the
     float8 outputs of the PyTorch version (both round to nearest) but where two exponentials round differently
-    at a float8 boundary, and the same maxima."""
-    from ktrain_fp8.swiglu import swiglu_backward_float8_reference
-    from ktrain_fp8.swiglu_triton import swiglu_backward_float8
+    at a float8 boundary, and the same maxima; the forward's kernel likewise."""
+    from ktrain_fp8.swiglu import swiglu_backward_float8_reference, swiglu_forward_float8_reference
+    from ktrain_fp8.swiglu_triton import swiglu_backward_float8, swiglu_forward_float8
 
     torch.manual_seed(0)
     grad_h, gate, up = (torch.randn(4090, 8192, device="cuda") * size for size in (1e-3, 3.0, 1.0))
@@ -248,6 +269,10 @@ def test_the_triton_kernel_on_a_gpu_writes_what_pytorch_computes() -> None:
         assert g.shape == w.shape and g.dtype == w.dtype
         assert (g.float() != w.float()).sum() <= w.numel() // 1000
     torch.testing.assert_close(got[5], want[5], rtol=1e-5, atol=0)
+    hidden, hidden_max = swiglu_forward_float8(gate, up, scales[2:])
+    want_hidden, want_max = swiglu_forward_float8_reference(gate, up, scales[2:])
+    assert hidden.dtype == E4M3 and (hidden.float() != want_hidden.float()).sum() <= hidden.numel() // 1000
+    torch.testing.assert_close(hidden_max, want_max, rtol=1e-5, atol=0)
 
 
 def test_activation_checkpointing_recomputes_the_fused_mlp_exactly() -> None:
