@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
+from ktrain.config.fast_defaults import GpuDefault
 from ktrain.config.keys import key
 
 RECIPES = ("tensorwise", "rowwise", "delayed")
@@ -24,6 +25,44 @@ def excluded(name: str, patterns: Iterable[str]) -> bool:
     return any(name == p or name.endswith(f".{p}") or fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
+def _float8_unless(config: Any, capability: tuple[int, int] | None) -> str | None:
+    """Why a float8 fast default does not apply to ``config`` (None: it does): ``fp8`` is off, or the GPU has
+    no float8 tensor cores."""
+    if not getattr(config, "fp8", False):
+        return "fp8 is off"
+    if capability is not None and tuple(capability) < MIN_CAPABILITY:
+        return "the GPU has no float8 tensor cores"
+    return None
+
+
+def _delayed_unless(config: Any, capability: tuple[int, int] | None) -> str | None:
+    """Why ``fp8_recipe: delayed`` is not the fast default of ``config`` (None: it is)."""
+    if config.fp8_enable_fsdp_float8_all_gather:
+        return "the float8 all-gather (fp8_enable_fsdp_float8_all_gather) works with tensorwise only"
+    if any(config.is_set(k) for k in ("fsdp", "fsdp_config", "fsdp_version")):
+        return "delayed scaling was not checked with FSDP on several GPUs"
+    return _float8_unless(config, capability)
+
+
+DELAYED = GpuDefault(
+    "delayed",
+    "each tensor is cast to float8 with the scale of the largest absolute maximum of the last fp8_amax_history_len "
+    "micro-steps instead of its own (the first micro-step with its own), so no pass over the tensor precedes its "
+    "cast, and each SwiGLU MLP runs as one function (fp8_fused_mlp)",
+    unless=_delayed_unless,
+    off="tensorwise",
+)
+"""``fp8_recipe``'s GPU default: delayed scaling, with the MLPs fused."""
+
+FAST_ACCUMULATION = GpuDefault(
+    True,
+    "the backward's float8 products (the input's and the weight's gradients) accumulate the fast way, as the "
+    "forward's do: fewer exact partial sums over the tokens",
+    unless=_float8_unless,
+)
+"""``fp8_fast_accumulation``'s GPU default."""
+
+
 @attrs.define(kw_only=True)
 class Fp8Keys:
     """Float8 matrix multiplies in the linear layers (torchao): weights, gradients and optimizer unchanged."""
@@ -38,6 +77,7 @@ class Fp8Keys:
         "the scaling: torchao's tensorwise (one scale a tensor, from its own absolute maximum) or rowwise (one "
         "a row, finer); or delayed (one scale a tensor, from the largest maximum of the last "
         "fp8_amax_history_len micro-steps, so the cast needs no pass over the tensor before it)",
+        gpu_default=DELAYED,
     )
     fp8_amax_history_len: int = key(
         16, "fp8_recipe: delayed: how many training micro-steps of absolute maxima a layer's scales are taken from"
@@ -46,6 +86,7 @@ class Fp8Keys:
         False,
         "accumulate the backward's float8 products (the input's and the weight's gradients) the fast way too, as "
         "the forward's always are: fewer exact partial sums over the tokens, 3-5 ms less on the 1.5B shape's blocks",
+        gpu_default=FAST_ACCUMULATION,
     )
     fp8_fused_mlp: bool = key(
         True,

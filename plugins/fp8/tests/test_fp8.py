@@ -17,6 +17,8 @@ import pytest
 import torch
 import transformers
 
+from ktrain.commands.describe import describe_plan
+from ktrain.config import fast_defaults
 from ktrain.config.plan import prepare
 from ktrain.config.report import ConfigError
 from ktrain.testing import dataset, ktrain, launch_problems, model_dir, write_config
@@ -141,14 +143,47 @@ def test_the_delayed_recipe_checks_its_keys(root: Path) -> None:
 
     assert "fp8_amax_history_len: must be at least 1, not 0" in problems(fp8_recipe="delayed", fp8_amax_history_len=0)
     assert "fp8_amax_history_len: has no effect with fp8_recipe: tensorwise (only with delayed)" in problems(
-        fp8_amax_history_len=8
+        fp8_recipe="tensorwise", fp8_amax_history_len=8
     )
+    assert problems(fp8_amax_history_len=8) == ""  # delayed: the GPU default
     assert "fp8_fused_mlp: has no effect with fp8_recipe: rowwise (only with delayed)" in problems(
         fp8_recipe="rowwise", fp8_fused_mlp=False
     )
     assert problems(fp8_recipe="delayed", fp8_amax_history_len=8, fp8_fused_mlp=False) == ""
     gather = problems(fp8_recipe="delayed", fp8_enable_fsdp_float8_all_gather=True)
     assert "works with fp8_recipe: tensorwise only (torchao), not delayed" in gather
+
+
+FASTEST = {"fp8_recipe": "delayed", "fp8_fast_accumulation": True, "fused_linear_cross_entropy_fp8": True}
+"""The float8 keys a GPU run with ``fp8: true`` takes where the config writes none of them."""
+
+
+def _taken(root: Path, device: str = "cuda", capability: tuple[int, int] = (9, 0), **keys) -> dict:
+    """The float8 keys a run of the config takes from its GPU defaults, with their values."""
+    config = write_config(root, "defaults.yaml", bf16=True, **keys)
+    plan = prepare(config, world_size=1, device=device, capability=capability)
+    return {c.key: c.value for c in fast_defaults.applied(plan.config) if "fp8" in c.key}
+
+
+def test_on_a_gpu_fp8_takes_delayed_scaling_fast_accumulation_and_the_output_layer_in_float8(root: Path) -> None:
+    """The fastest float8 step measured, where a config writes ``fp8: true`` alone; each key written switches its
+    own default off; none without fp8 or on a GPU without float8 tensor cores (on a CPU no GPU default applies,
+    and fp8 is refused); tensorwise where FSDP shards the model; ``ktrain check`` lists them."""
+    assert _taken(root, fp8=True) == FASTEST
+    assert _taken(root) == {}
+    checked = prepare(write_config(root, "defaults.yaml", bf16=True, fp8=True), world_size=1).config  # ktrain check
+    assert not any("fp8" in c.key for c in fast_defaults.pending(checked, (8, 0)))  # no float8 tensor cores
+    assert _taken(root, fp8=True, fp8_recipe="tensorwise") == {k: v for k, v in FASTEST.items() if k != "fp8_recipe"}
+    assert _taken(root, fp8=True, fp8_fast_accumulation=False).keys() == FASTEST.keys() - {"fp8_fast_accumulation"}
+    head = {k: v for k, v in FASTEST.items() if k != "fused_linear_cross_entropy_fp8"}
+    assert _taken(root, fp8=True, fused_linear_cross_entropy=False) == head
+    assert _taken(root, fp8=True, fused_linear_cross_entropy_chunks=2) == head
+    if importlib.util.find_spec("ktrain_fsdp"):  # the fsdp plugin's key
+        tensorwise = {k: v for k, v in FASTEST.items() if k != "fp8_recipe"}
+        assert _taken(root, fp8=True, fsdp_version=2) == tensorwise
+    shown = describe_plan(prepare(write_config(root, "defaults.yaml", bf16=True, fp8=True), world_size=1))
+    assert "  fp8_recipe: delayed (fast default on CUDA; set fp8_recipe: tensorwise to switch off)" in shown
+    assert "  fp8_fast_accumulation: on (fast default on CUDA; set fp8_fast_accumulation: false to switch off)" in shown
 
 
 def test_ktrain_run_on_a_cpu_is_refused_with_one_line(root: Path) -> None:

@@ -10,10 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ktrain import hookimpl
-from ktrain_fused_loss.keys import PARALLEL_SIZES, FusedLossKeys
-
-FLOAT8_CAPABILITY = (8, 9)
-"""The first CUDA compute capability with float8 tensor cores (Ada, then Hopper's 9.0)."""
+from ktrain_fused_loss.keys import FLOAT8_CAPABILITY, PARALLEL_SIZES, FusedLossKeys
 
 
 @hookimpl

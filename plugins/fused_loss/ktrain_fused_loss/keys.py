@@ -32,6 +32,32 @@ def _fused_unless(config: Any, capability: tuple[int, int] | None) -> str | None
     return None
 
 
+FLOAT8_CAPABILITY = (8, 9)
+"""The first CUDA compute capability with float8 tensor cores (Ada, then Hopper's 9.0)."""
+
+
+def _fused(config: Any, capability: tuple[int, int] | None) -> bool:
+    """Whether ``config`` computes the fused loss: written true, or its fast default applies."""
+    name = "fused_linear_cross_entropy"
+    if config.is_set(name) or name in config.unset:
+        return bool(config.fused_linear_cross_entropy)
+    return _fused_unless(config, capability) is None
+
+
+def _float8_unless(config: Any, capability: tuple[int, int] | None) -> str | None:
+    """Why the output layer's products in float8 are not the fast default of ``config`` (None: they are): only
+    where the blocks train in float8 (``fp8``, ktrain-plugin-fp8's key: present when it is installed)."""
+    if not getattr(config, "fp8", False):
+        return "fp8 is off"
+    if not _fused(config, capability):
+        return "the fused loss is off"
+    if config.fused_linear_cross_entropy_chunks != 1:
+        return "the fused loss runs in chunks"
+    if capability is not None and tuple(capability) < FLOAT8_CAPABILITY:
+        return "the GPU has no float8 tensor cores"
+    return None
+
+
 CHUNK_LOGITS = 1 << 28
 """The most logits a chunk holds where the fused loss's GPU default splits the tokens (512 MiB in bf16)."""
 
@@ -95,4 +121,10 @@ class FusedLossKeys:
         "run the output layer's three products in float8 (tensorwise e4m3 hidden states and weight; the loss "
         "writes the logits' gradient in e5m2 with a fixed scale, as it is bounded); a GPU of compute "
         "capability 8.9 or later, fused_linear_cross_entropy_chunks: 1",
+        gpu_default=GpuDefault(
+            True,
+            "where the blocks train in float8 (fp8): the output layer's three products in float8 too, its hidden "
+            "states and weight in e4m3 with their own scales and the logits' gradient in e5m2 with a fixed scale",
+            unless=_float8_unless,
+        ),
     )
