@@ -207,14 +207,23 @@ def test_the_triton_kernel_writes_what_pytorch_computes_in_triton_s_interpreter(
     torch.testing.assert_close(got_hidden_max, hidden_max, rtol=1e-5, atol=0)
 
 
-def test_the_triton_kernel_compiles_for_hopper_without_a_gpu() -> None:
-    """Triton's ahead-of-time compiler builds the backward's kernel for compute capability 9.0 on this machine,
-    no GPU needed, and its conversions to e5m2 and e4m3 are the hardware's round-to-nearest (what the
-    interpreter does not show)."""
+def _hopper_assembly(kernel, signature: dict[str, str], constants: dict, warps: int) -> dict[str, str]:
+    """``kernel`` compiled by Triton's ahead-of-time compiler for compute capability 9.0, no GPU needed: its
+    assembly by kind (``cubin``, ``ptx``, ...)."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    signature = signature | dict.fromkeys(constants, "constexpr")
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm
+
+
+def test_the_triton_kernel_compiles_for_hopper_without_a_gpu() -> None:
+    """Triton's ahead-of-time compiler builds the backward's kernel for compute capability 9.0 on this machine,
+    no GPU needed, and its conversions to e5m2 and e4m3 are the hardware's round-to-nearest (what the
+    interpreter does not show)."""
+    pytest.importorskip("triton")
     from ktrain_fp8.swiglu_triton import COLUMNS, ROWS, WARPS, _swiglu_backward_kernel
 
     signature = {name: "*bf16" for name in ("grad_h", "gate", "up")}
@@ -222,28 +231,20 @@ def test_the_triton_kernel_compiles_for_hopper_without_a_gpu() -> None:
     signature |= {name: "*fp8e5" for name in ("grad_gate", "grad_gate_t", "grad_up", "grad_up_t")}
     signature |= {"hidden_t": "*fp8e4nv", "amax": "*fp32"}
     constants = {"GRAD_LIMIT": 57344.0, "HIDDEN_LIMIT": 448.0, "ROWS": ROWS, "COLUMNS": COLUMNS}
-    signature |= dict.fromkeys(constants, "constexpr")
-    source = ASTSource(fn=_swiglu_backward_kernel, signature=signature, constexprs=constants)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
-    assert compiled.asm["cubin"]
-    assert "cvt.rn.satfinite.e5m2x2.f32" in compiled.asm["ptx"]
-    assert "cvt.rn.satfinite.e4m3x2.f32" in compiled.asm["ptx"]
+    assembly = _hopper_assembly(_swiglu_backward_kernel, signature, constants, WARPS)
+    assert assembly["cubin"]
+    assert "cvt.rn.satfinite.e5m2x2.f32" in assembly["ptx"]
+    assert "cvt.rn.satfinite.e4m3x2.f32" in assembly["ptx"]
 
 
 def test_the_forward_s_triton_kernel_compiles_for_hopper_without_a_gpu() -> None:
     """The forward's kernel likewise, with its conversion to e4m3 the hardware's round-to-nearest."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    pytest.importorskip("triton")
     from ktrain_fp8.swiglu_triton import BLOCK, BLOCK_WARPS, _swiglu_forward_kernel
 
     signature = {"gate": "*bf16", "up": "*bf16", "n": "i32", "scale": "*fp32", "hidden": "*fp8e4nv", "amax": "*fp32"}
-    constants = {"LIMIT": 448.0, "BLOCK": BLOCK}
-    signature |= dict.fromkeys(constants, "constexpr")
-    source = ASTSource(fn=_swiglu_forward_kernel, signature=signature, constexprs=constants)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": BLOCK_WARPS})
-    assert compiled.asm["cubin"] and "cvt.rn.satfinite.e4m3x2.f32" in compiled.asm["ptx"]
+    assembly = _hopper_assembly(_swiglu_forward_kernel, signature, {"LIMIT": 448.0, "BLOCK": BLOCK}, BLOCK_WARPS)
+    assert assembly["cubin"] and "cvt.rn.satfinite.e4m3x2.f32" in assembly["ptx"]
 
 
 def _cuda_capable() -> bool:
