@@ -19,8 +19,10 @@
 # profiles three steps after its timed ones, to $OUT/b/profile_CONFIG.txt) choose what runs.
 set -u
 W=${WHEELS:-.device/dpo_whl}
+# bitsandbytes (43 MB) only where the folder has it: the LoRA config needs it, full fine-tuning does not, and
+# without it the folder fits in one call beside FlashAttention-4's second piece
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  "$W"/pluggy-*.whl "$W"/attrs-*.whl "$W"/cattrs-*.whl "$W"/ruamel_yaml-*.whl "$W"/liger_kernel-*.whl "$W"/bitsandbytes-*.whl
+  $(ls "$W"/{pluggy,attrs,cattrs,ruamel_yaml,liger_kernel,bitsandbytes}-*.whl 2>/dev/null)
 export PYTHONPATH=/tmp/site${EXTRA_PATH:+:$EXTRA_PATH} PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . $(printf -- "-e %s " plugins/*/) > /tmp/pip.txt 2>&1 || tail -5 /tmp/pip.txt
 python3 -m pip install --no-index --find-links "$W" --no-cache-dir trl==1.16.0 > /tmp/trl.txt 2>&1; echo "trl install rc=$?"

@@ -39,8 +39,6 @@ def _delayed_unless(config: Any, capability: tuple[int, int] | None) -> str | No
     """Why ``fp8_recipe: delayed`` is not the fast default of ``config`` (None: it is)."""
     if config.fp8_enable_fsdp_float8_all_gather:
         return "the float8 all-gather (fp8_enable_fsdp_float8_all_gather) works with tensorwise only"
-    if any(config.is_set(k) for k in ("fsdp", "fsdp_config", "fsdp_version")):
-        return "delayed scaling was not checked with FSDP on several GPUs"
     return _float8_unless(config, capability)
 
 

@@ -168,7 +168,8 @@ def _taken(root: Path, device: str = "cuda", capability: tuple[int, int] = (9, 0
 def test_on_a_gpu_fp8_takes_delayed_scaling_fast_accumulation_and_the_output_layer_in_float8(root: Path) -> None:
     """The fastest float8 step measured, where a config writes ``fp8: true`` alone; each key written switches its
     own default off; none without fp8 or on a GPU without float8 tensor cores (on a CPU no GPU default applies,
-    and fp8 is refused); tensorwise where FSDP shards the model; ``ktrain check`` lists them."""
+    and fp8 is refused); FSDP2 takes them too (``test_fp8_fsdp``), but tensorwise with the float8 all-gather;
+    ``ktrain check`` lists them."""
     assert _taken(root, fp8=True) == FASTEST
     assert _taken(root) == {}
     checked = prepare(write_config(root, "defaults.yaml", bf16=True, fp8=True), world_size=1).config  # ktrain check
@@ -179,8 +180,9 @@ def test_on_a_gpu_fp8_takes_delayed_scaling_fast_accumulation_and_the_output_lay
     assert _taken(root, fp8=True, fused_linear_cross_entropy=False) == head
     assert _taken(root, fp8=True, fused_linear_cross_entropy_chunks=2) == head
     if importlib.util.find_spec("ktrain_fsdp"):  # the fsdp plugin's key
-        tensorwise = {k: v for k, v in FASTEST.items() if k != "fp8_recipe"}
-        assert _taken(root, fp8=True, fsdp_version=2) == tensorwise
+        assert _taken(root, fp8=True, fsdp_version=2) == FASTEST
+        gather = _taken(root, fp8=True, fsdp_version=2, fp8_enable_fsdp_float8_all_gather=True)
+        assert gather == {k: v for k, v in FASTEST.items() if k != "fp8_recipe"}
     shown = describe_plan(prepare(write_config(root, "defaults.yaml", bf16=True, fp8=True), world_size=1))
     assert "  fp8_recipe: delayed (fast default on CUDA; set fp8_recipe: tensorwise to switch off)" in shown
     assert "  fp8_fast_accumulation: on (fast default on CUDA; set fp8_fast_accumulation: false to switch off)" in shown
