@@ -1,9 +1,11 @@
-"""What the fp8 plugin's CPU tests of delayed scaling share: the tiny Llama in bf16 and the fp8 keys as the
-runtime reads them (``fp8_recipe: delayed`` with its defaults, unless a test says otherwise)."""
+"""What the fp8 plugin's CPU tests of delayed scaling share: the tiny Llama in bf16, the fp8 keys as the
+runtime reads them (``fp8_recipe: delayed`` with its defaults, unless a test says otherwise), and a few training
+steps."""
 
 from __future__ import annotations
 
 import types
+from collections.abc import Iterable
 
 import torch
 import transformers
@@ -32,3 +34,17 @@ def tiny_llama(seed: int = 0) -> transformers.PreTrainedModel:
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(**TINY_LLAMA, use_cache=False)
     return transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+
+
+def train_steps(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Iterable[torch.Tensor]
+) -> list[float]:
+    """One optimizer step of ``model`` on each batch of token ids (its own labels); the losses."""
+    losses = []
+    for ids in batches:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses

@@ -15,7 +15,7 @@ import types
 
 import pytest
 import torch
-from fp8_tiny import delayed_keys, tiny_llama
+from fp8_tiny import delayed_keys, tiny_llama, train_steps
 
 from ktrain_fp8.delayed import LIMITS, DelayedFloat8Linear, DelayedScales
 from ktrain_fp8.runtime import Fp8Training, convert
@@ -81,27 +81,15 @@ def test_the_scales_are_checkpoint_state_and_a_resume_casts_as_the_uninterrupted
     model = tiny_llama()
     runtime = Fp8Training(_keys(fp8_amax_history_len=3))
     runtime.ktrain_parallelize(model, types.SimpleNamespace(is_main=False, device=torch.device("cpu")))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     batches = _batches(6)
-    for ids in batches[:3]:
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    train_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), batches[:3])
     state = runtime.ktrain_collect_checkpoint_state(run=None)
     assert list(state) == ["fp8_delayed_scales"]
     saved = io.BytesIO()
     torch.save({"model": model.state_dict(), "fp8": state["fp8_delayed_scales"].state_dict()}, saved)
 
     def go_on(model: torch.nn.Module) -> list[float]:
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        losses = []
-        for ids in batches[3:]:
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.item())
-        return losses
+        return train_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), batches[3:])
 
     uninterrupted = go_on(model)
     saved.seek(0)

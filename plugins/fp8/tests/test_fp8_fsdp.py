@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from fp8_tiny import delayed_keys, tiny_llama
+from fp8_tiny import delayed_keys, tiny_llama, train_steps
 from torch.distributed.fsdp import fully_shard
 
 from ktrain_fp8.runtime import convert
@@ -25,17 +25,9 @@ STEPS = 4
 
 def _train(model: torch.nn.Module, rows: slice) -> list[float]:
     """``STEPS`` AdamW steps on ``rows`` of each batch; the losses."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(1)
-    losses = []
-    for _ in range(STEPS):
-        ids = torch.randint(0, 96, (2, 32), generator=generator)[rows]
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+    batches = [torch.randint(0, 96, (2, 32), generator=generator)[rows] for _ in range(STEPS)]
+    return train_steps(model, torch.optim.AdamW(model.parameters(), lr=1e-3), batches)
 
 
 def _sharded_run(rows: slice) -> dict:
