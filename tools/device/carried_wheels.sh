@@ -4,6 +4,8 @@
 #   bash tools/device/carried_wheels.sh axolotl   # .device/axolotl_whl (55 MB): tools/device/axolotl_bench.sh
 #   bash tools/device/carried_wheels.sh fa4       # .device/fa4_a (42 MB), .device/fa4_b (41 MB): flash_attention_bench.sh
 #   bash tools/device/carried_wheels.sh dpo       # .device/dpo_whl: tools/device/dpo_bench.sh
+#   bash tools/device/carried_wheels.sh dpo_full  # .device/dpo_full (4 MB, no bitsandbytes): dpo_bench.sh's full
+#                                                 # fine-tuning, carried beside .device/fa4_b in one call
 #   bash tools/device/carried_wheels.sh fp8       # .device/fp8_whl: tools/device/fp8_bench.sh
 # FlashAttention-4 is two calls on one machine: the first copies fa4_a's piece to the device's /tmp, the second
 # carries fa4_b and installs (FA4_WHEELS=.device/fa4_b CUTLASS_LIBS="/tmp/fa4parts/cu12.part.aa
@@ -37,11 +39,12 @@ case "${1:-}" in
     tar -C "$TMP/libs" -cf - . | xz -T2 -6 | split -b 44000000 - "$TMP/cu12.part."
     mv "$TMP/cu12.part.aa" .device/fa4_a/ && mv "$TMP/cu12.part.ab" .device/fa4_b/
     ;;
-  dpo)
-    out=.device/dpo_whl
+  dpo|dpo_full)
+    out=.device/dpo_whl; [ "$1" = dpo_full ] && out=.device/dpo_full
     mkdir -p "$out"
-    pip download "${TAGS[@]}" -d "$out" "${KTRAIN[@]}" bitsandbytes==0.50.2 trl==1.16.0 datasets==4.8.5 dill \
-      multiprocess xxhash fsspec==2026.2.0
+    pip download "${TAGS[@]}" -d "$out" "${KTRAIN[@]}" trl==1.16.0 datasets==4.8.5 dill multiprocess xxhash \
+      fsspec==2026.2.0
+    [ "$1" = dpo_full ] || pip download "${TAGS[@]}" -d "$out" bitsandbytes==0.50.2
     ;;
   fp8)
     out=.device/fp8_whl
@@ -49,7 +52,7 @@ case "${1:-}" in
     pip download "${TAGS[@]}" -d "$out" "${KTRAIN[@]}" torchao==0.17.0
     ;;
   *)
-    echo "usage: bash tools/device/carried_wheels.sh axolotl|fa4|dpo|fp8" >&2
+    echo "usage: bash tools/device/carried_wheels.sh axolotl|fa4|dpo|dpo_full|fp8" >&2
     exit 2
     ;;
 esac

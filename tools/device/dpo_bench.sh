@@ -2,7 +2,8 @@
 # DPO on the H200 (device tool): `ktrain bench` of the 1.5B Llama shape's DPO configs, full fine-tuning and LoRA,
 # beside TRL's DPOTrainer on the same pairs. Reports land in $OUT/b; docs/performance.md ("DPO beside TRL's
 # DPOTrainer") quotes them.
-#   run: bash tools/device/dpo_bench.sh   (carry .device/dpo_whl, which `bash tools/device/carried_wheels.sh dpo` makes: the wheels of pluggy, attrs, cattrs,
+#   run: bash tools/device/dpo_bench.sh   (carry .device/dpo_whl, or for full fine-tuning alone .device/dpo_full, without
+#   bitsandbytes (`carried_wheels.sh dpo_full`); .device/dpo_whl, which `bash tools/device/carried_wheels.sh dpo` makes: the wheels of pluggy, attrs, cattrs,
 #   liger-kernel and ruamel.yaml for ktrain, bitsandbytes for the lora plugin (it requires it even without a
 #   quantized base); for the peer trl 1.16.0 and what the device lacks of its pure-Python dependencies:
 #   datasets 4.8.5 (the newest release that takes the huggingface-hub 1.x of transformers 5.17), dill,
