@@ -32,6 +32,7 @@ from ktrain.config import cluster, fast_defaults
 from ktrain.config.plan import Plan, prepare
 from ktrain.config.report import ConfigError
 from ktrain.run.directory import Before, prepare_run_dir
+from ktrain.run.host_gc import imports_uncollected
 from ktrain.run.resume_check import keep_global_batch
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -40,7 +41,8 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 def _plan(args: argparse.Namespace) -> Plan:
     quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ  # torch's C++ warnings (a lost peer's socket) stay off the terminal
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    import torch
+    with imports_uncollected():
+        import torch
 
     if quiet:  # read when torch loads; the ranks' own logs keep the warnings
         del os.environ["TORCH_CPP_LOG_LEVEL"]
@@ -81,14 +83,14 @@ def launch(args: argparse.Namespace) -> int:
     before = Before(plan)
     run_dir, lock = prepare_run_dir(plan, args.resume, args.overwrite, args.node_rank)
     print(f"ktrain: {plan.mesh.describe()}; run directory {run_dir}", flush=True)
+    preload = tuple(act.obj.partition(":")[0] for act in plan.plugins.activations if isinstance(act.obj, str))
     try:
         if plan.mesh.world_size == 1 and args.nnodes == 1 and not args.max_restarts:
-            code = _run_here(run_dir, args.resume)
+            code = _run_here(run_dir, args.resume, preload)
         else:
             from ktrain.run.forked import start_server, stop_server
 
             nproc = plan.mesh.world_size // args.nnodes
-            preload = tuple(act.obj.partition(":")[0] for act in plan.plugins.activations if isinstance(act.obj, str))
             start_server(nproc, preload)  # its imports overlap the tokenizing below
             try:
                 code = _data_before_ranks(run_dir, plan.mesh.world_size)
@@ -109,7 +111,10 @@ def launch(args: argparse.Namespace) -> int:
 def _data_before_ranks(run_dir: Path, world_size: int) -> int:
     """This machine's tokenizing pass before its ranks start (``ktrain.data.preprocess.before_ranks``); bad data
     is one line and exit 2 here, before any rank."""
-    from ktrain.data.preprocess import before_ranks
+    with imports_uncollected():
+        import transformers.models.auto.tokenization_auto  # noqa: F401  (the tokenizer's machinery)
+
+        from ktrain.data.preprocess import before_ranks
     from ktrain.run import outcome
 
     try:
@@ -129,16 +134,20 @@ def _say_interrupted(signum: int, run_dir: Path) -> None:
     print(f"ktrain: stopped by {signal.Signals(signum).name}; every rank stopped; {then}", file=sys.stderr, flush=True)
 
 
-def _run_here(run_dir: Path, resume: bool) -> int:
-    """The run's one rank in this process, its output routed as a rank's (``ktrain.run.console``).
+def _run_here(run_dir: Path, resume: bool, preload: tuple[str, ...]) -> int:
+    """The run's one rank in this process, its output routed as a rank's (``ktrain.run.console``), with the
+    modules a forked rank has imported (``preload``: the runtime modules of the run's plugins) imported first.
 
     Bad input it finds is one line (exit 2), a signal stops it (130, 143), an error is one line on the
     terminal and its traceback in the rank's log (exit 1).
     """
     from ktrain.run import console, outcome, stop
-    from ktrain.run.trainer import rank_main
+    from ktrain.run.forked import import_rank_modules
 
     with console.routed(run_dir, 0) as log:
+        import_rank_modules(preload)
+        from ktrain.run.trainer import rank_main
+
         try:
             with stop.handled():
                 rank_main(run_dir, resume)
@@ -198,8 +207,9 @@ def _start_forked(parsed: argparse.Namespace, worker: list[str], preload: tuple[
     a fork server that imported ``preload`` (``ktrain.run.forked``) instead of each starting Python afresh."""
     import uuid
 
-    from torch.distributed.launcher.api import elastic_launch
-    from torch.distributed.run import config_from_args
+    with imports_uncollected():
+        from torch.distributed.launcher.api import elastic_launch
+        from torch.distributed.run import config_from_args
 
     from ktrain.run.forked import rank_entry, start_server, stop_server
 

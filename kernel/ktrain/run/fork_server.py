@@ -12,25 +12,25 @@ the launcher ends it (``stop_server``). Each rank sets these signals' handlers a
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import signal
 import sys
+
+from ktrain.run.forked import import_rank_modules
 
 IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT)
 """The signals the fork server ignores."""
 
 
 def _import_quietly(modules: list[str]) -> None:
-    """Import ``modules``, file descriptors 1 and 2 pointed at the null device meanwhile."""
+    """Import ``PRELOAD`` and ``modules`` (``import_rank_modules``), file descriptors 1 and 2 pointed at the null
+    device meanwhile."""
     saved = [os.dup(fd) for fd in (1, 2)]
     null = os.open(os.devnull, os.O_WRONLY)
     try:
         for fd in (1, 2):
             os.dup2(null, fd)
-        for name in modules:
-            with contextlib.suppress(Exception):
-                importlib.import_module(name)
+        import_rank_modules(modules)
     finally:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):

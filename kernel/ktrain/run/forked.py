@@ -24,9 +24,11 @@ import signal
 import sys
 import tempfile
 import traceback
+from collections.abc import Iterable
 from types import FrameType
 
 from ktrain.run.hard_exit import end_process
+from ktrain.run.host_gc import imports_uncollected
 
 PRELOAD_ENV = "KTRAIN_PRELOAD"
 """Comma-separated modules the fork server imports before it forks ranks (set by ``start_server``)."""
@@ -57,6 +59,16 @@ def start_server(nproc: int, extra: tuple[str, ...] = ()) -> None:
         multiprocessing.forkserver.ensure_running()
     finally:
         tempfile.tempdir = chosen
+
+
+def import_rank_modules(extra: Iterable[str] = ()) -> None:
+    """Import ``PRELOAD`` and ``extra`` (the runtime modules of the run's plugins) with the collector paused
+    (``host_gc.imports_uncollected``). A module that fails to import is left for the rank, which imports it again
+    and reports the error where it belongs."""
+    with imports_uncollected():
+        for name in dict.fromkeys((*PRELOAD, *extra)):
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
 
 
 def _socket_folder(folder: str) -> str:

@@ -7,13 +7,34 @@ idles once it has run what the host had queued. ``settle`` collects once and mov
 permanent generation (``gc.freeze``), so later passes walk only what was made since; ``release`` hands it back to
 the collector at the end of the run. Reference counting frees objects as before; only cycles among the settled
 objects wait for ``release``. ``ktrain bench`` reports the collections and their time while timed (``Collections``).
+
+Before that, ``imports_uncollected`` keeps the collector off while a process imports its libraries: the imports make
+hundreds of thousands of objects that live as long as the process, and the collector, run every few hundred new
+objects, walks the growing heap again and again: a large part of the CPU time of importing torch and transformers,
+paid by every ``ktrain run`` (``python tests/benchmarks/launch_overhead.py`` times a tiny run's start).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
+from collections.abc import Iterator
 from typing import Any
+
+
+@contextlib.contextmanager
+def imports_uncollected() -> Iterator[None]:
+    """The collector off while the block runs (a process importing its libraries); then every object alive is left
+    out of later collections, as by ``settle`` (without its collection: what an import makes stays)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
 
 
 def settle() -> None:
