@@ -105,13 +105,20 @@ def _pyarrow() -> Any:
     return pyarrow
 
 
+def _arrow(pa: Any, values: np.ndarray, dtype: type[np.generic]) -> Any:
+    """``values`` as an Arrow array of ``dtype`` over the same memory where it is contiguous and of that type.
+    pyarrow's own conversion (``pa.array``) imports pandas, which tokenizing does not need (0.8 s of CPU)."""
+    data = np.ascontiguousarray(values, dtype=dtype)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(data.dtype), len(data), [None, pa.py_buffer(data)])
+
+
 def _write_table(table: TokenTable, path: Path) -> None:
     pa = _pyarrow()
 
-    offsets = pa.array(table.offsets, type=pa.int64())
+    offsets = _arrow(pa, table.offsets, np.int64)
     columns = {
-        "input_ids": pa.LargeListArray.from_arrays(offsets, pa.array(table.ids, type=pa.int32())),
-        "labels": pa.LargeListArray.from_arrays(offsets, pa.array(table.labels, type=pa.int32())),
+        "input_ids": pa.LargeListArray.from_arrays(offsets, _arrow(pa, table.ids, np.int32)),
+        "labels": pa.LargeListArray.from_arrays(offsets, _arrow(pa, table.labels, np.int32)),
     }
     batch = pa.record_batch(columns)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as writer:
